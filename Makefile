@@ -1,0 +1,47 @@
+# ServeLab — every user-facing command. README's two commands: `make demo`, `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.servelab-installed
+
+.PHONY: help setup sysdeps models demo test up down site soak fuzz clean
+
+help:
+	@echo "make demo   - set up, build models, run the local stack and benchmark tour (README's main command)"
+	@echo "make test   - set up and run the test suite (README's test command; .ci/run calls it)"
+	@echo "make up / make down - keep the local stack running for the browser UI and Jupyter / stop it"
+	@echo "make models - build food11.pth / food11.onnx;  make site - render the lab as a static site"
+	@echo "make soak   - long soak run;  make fuzz - longer fuzzing run"
+
+# One virtualenv with everything pinned in pyproject.toml.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[all]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Headless Chromium for the browser tests (Debian packages; no browser download).
+sysdeps:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian chromium + chromium-driver for the browser tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else echo "warning: /usr/bin/chromium missing; install Debian's chromium and chromium-driver"; fi; \
+	fi
+
+models: setup
+	$(PY) -m servelab models build
+
+demo: models
+	$(PY) -m servelab models predict
+
+test: setup sysdeps models
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf build results .pytest_cache

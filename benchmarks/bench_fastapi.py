@@ -1,0 +1,231 @@
+"""Benchmark: raw model throughput vs the two FastAPI services, in one run.
+
+    .venv/bin/python benchmarks/bench_fastapi.py [--requests 100] [--concurrency 16]
+
+Measures, one after another on this machine (nothing else should be busy):
+
+1. raw ONNX Runtime, batch 1, in this process (the ceiling for fastapi_onnx);
+2. raw PyTorch, batch 1, in this process (the ceiling for fastapi_pt);
+3. each FastAPI service started with uvicorn on a free loopback port, timed
+   with the lab's two loops: sequential (one client, ``--requests``) and
+   ``--concurrency`` clients in a thread pool (``--concurrent-requests``).
+
+Both raw runs use the thread settings the services use (all cores for one
+inference), so the ratios compare like with like. Prints median/p95/p99
+latency and throughput, then the issue's targets as ratios from this run:
+
+* FastAPI ONNX, 16 concurrent  ≥ 0.65 × raw ORT batch-1 images/s
+* FastAPI PyTorch, 16 concurrent ≥ its own sequential throughput
+* FastAPI PyTorch, 16 concurrent ≥ 0.90 × raw PyTorch batch-1 images/s
+
+Exit status 0 even when a target is missed (it is a measurement, not a
+test); ``--strict`` makes a miss exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import concurrent.futures
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from servelab import food11, paths, procs, serving  # noqa: E402
+
+
+def summarize(latencies_s, wall_s):
+    ms = np.asarray(latencies_s) * 1000.0
+    return {
+        "n": int(ms.size),
+        "median_ms": float(np.percentile(ms, 50)),
+        "p95_ms": float(np.percentile(ms, 95)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "throughput": ms.size / wall_s,
+    }
+
+
+def time_loop(fn, n, warmup=10):
+    for _ in range(warmup):
+        fn()
+    lat = []
+    t_start = time.perf_counter()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        lat.append(time.perf_counter() - t0)
+    return summarize(lat, time.perf_counter() - t_start)
+
+
+# --------------------------------------------------------------------------
+# Raw model throughput (no HTTP, no decoding): batch 1 on a preprocessed image
+# --------------------------------------------------------------------------
+
+def raw_onnx(model_path: Path, x: np.ndarray, n: int) -> dict:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()  # the same settings as fastapi_onnx/app.py
+    opts.intra_op_num_threads = serving.cpu_threads()
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(str(model_path), opts, providers=serving.onnx_providers())
+    name = session.get_inputs()[0].name
+    batch = x[np.newaxis]
+    result = time_loop(lambda: session.run(None, {name: batch}), n, warmup=20)
+    del session
+    return result
+
+
+def raw_torch(model_path: Path, x: np.ndarray, n: int) -> dict:
+    import torch
+
+    torch.set_num_threads(serving.cpu_threads())  # the same settings as fastapi_pt/app.py
+    device = serving.torch_device()
+    model = torch.load(model_path, map_location=device, weights_only=False).eval()
+    batch = torch.from_numpy(x).unsqueeze(0).to(device)
+
+    def once():
+        with torch.inference_mode():
+            model(batch).cpu()
+
+    return time_loop(once, n, warmup=20)
+
+
+# --------------------------------------------------------------------------
+# The services, with the lab's two timing loops
+# --------------------------------------------------------------------------
+
+def start_service(folder: str, model_path: Path, log_dir: Path) -> procs.Server:
+    port = procs.free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = procs.start(
+        folder,
+        [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port),
+         "--log-level", "warning", "--no-access-log"],
+        url,
+        log_path=log_dir / f"{folder}.log",
+        env={"MODEL_PATH": str(model_path), "PYTHONPATH": str(REPO)},
+        cwd=REPO / folder,
+    )
+    procs.wait_http_ok(f"{url}/health", timeout=120, server=server)
+    return server
+
+
+def sequential_loop(url: str, body: bytes, n: int) -> dict:
+    """Loop 1: one client, one request after another."""
+    session = requests.Session()
+    headers = {"Content-Type": "application/json"}
+
+    def once():
+        r = session.post(f"{url}/predict", data=body, headers=headers, timeout=60)
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+
+    return time_loop(once, n, warmup=10)
+
+
+def concurrent_loop(url: str, body: bytes, concurrency: int, n: int) -> dict:
+    """Loop 2: ``concurrency`` clients (threads) share ``n`` requests."""
+    local = threading.local()
+    headers = {"Content-Type": "application/json"}
+
+    def once():
+        if not hasattr(local, "session"):
+            local.session = requests.Session()
+        t0 = time.perf_counter()
+        r = local.session.post(f"{url}/predict", data=body, headers=headers, timeout=120)
+        elapsed = time.perf_counter() - t0
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+        return elapsed
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(lambda _: once(), range(2 * concurrency)))  # warm-up: open every connection
+        t_start = time.perf_counter()
+        futures = [pool.submit(once) for _ in range(n)]
+        latencies = [f.result() for f in futures]
+        wall = time.perf_counter() - t_start
+    return summarize(latencies, wall)
+
+
+def fmt(name: str, s: dict) -> str:
+    return (f"{name:<34} {s['n']:>5}  {s['median_ms']:>8.2f}  {s['p95_ms']:>8.2f}  {s['p99_ms']:>8.2f}"
+            f"  {s['throughput']:>8.1f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--image", type=Path, default=None, help="image to send (default: first bundled JPEG sample)")
+    ap.add_argument("--pth", type=Path, default=paths.PTH_TARGETS[0])
+    ap.add_argument("--onnx", type=Path, default=paths.ONNX_TARGETS[0])
+    ap.add_argument("--requests", type=int, default=100, help="sequential requests per service")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--concurrent-requests", type=int, default=400, help="requests shared by the concurrent clients")
+    ap.add_argument("--raw-iterations", type=int, default=200)
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
+    args = ap.parse_args(argv)
+
+    for p in (args.pth, args.onnx):
+        serving.require_model_file(p)
+    image_path = args.image or next(p for p in paths.sample_images() if p.suffix.lower() in (".jpg", ".jpeg"))
+    image = image_path.read_bytes()
+    x = food11.preprocess(image)
+    body = json.dumps({"image": base64.b64encode(image).decode("ascii")}).encode()
+    log_dir = paths.RESULTS_DIR / "bench_fastapi"
+
+    print(f"image: {image_path.name} ({len(image)} bytes, request body {len(body)} bytes); "
+          f"cores: {serving.cpu_threads()}; weights: {food11.weights_kind(args.onnx)}")
+    results = {}
+    results["raw_onnx"] = raw_onnx(args.onnx, x, args.raw_iterations)
+    results["raw_torch"] = raw_torch(args.pth, x, args.raw_iterations)
+
+    for key, folder, model in (("onnx", "fastapi_onnx", args.onnx), ("pt", "fastapi_pt", args.pth)):
+        server = start_service(folder, model, log_dir)
+        try:
+            results[f"{key}_seq"] = sequential_loop(server.url, body, args.requests)
+            results[f"{key}_conc"] = concurrent_loop(server.url, body, args.concurrency, args.concurrent_requests)
+        finally:
+            server.stop()
+
+    c = args.concurrency
+    print()
+    print(f"{'measurement':<34} {'n':>5}  {'median':>8}  {'p95':>8}  {'p99':>8}  {'img/s':>8}   (ms)")
+    print(fmt("raw ONNX Runtime, batch 1", results["raw_onnx"]))
+    print(fmt("raw PyTorch, batch 1", results["raw_torch"]))
+    print(fmt("FastAPI ONNX, sequential", results["onnx_seq"]))
+    print(fmt(f"FastAPI ONNX, {c} concurrent", results["onnx_conc"]))
+    print(fmt("FastAPI PyTorch, sequential", results["pt_seq"]))
+    print(fmt(f"FastAPI PyTorch, {c} concurrent", results["pt_conc"]))
+
+    t = {k: v["throughput"] for k, v in results.items()}
+    targets = [
+        (f"FastAPI ONNX {c} conc / raw ORT batch-1", t["onnx_conc"] / t["raw_onnx"], 0.65),
+        (f"FastAPI PyTorch {c} conc / its sequential", t["pt_conc"] / t["pt_seq"], 1.0),
+        (f"FastAPI PyTorch {c} conc / raw PyTorch batch-1", t["pt_conc"] / t["raw_torch"], 0.90),
+    ]
+    print()
+    ok = True
+    for name, ratio, goal in targets:
+        passed = ratio >= goal
+        ok &= passed
+        print(f"{name:<46} {ratio:6.3f}  (target ≥ {goal:.2f})  {'PASS' if passed else 'FAIL'}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"results": results,
+                                         "ratios": {n: r for n, r, _ in targets}}, indent=2) + "\n")
+    return 0 if ok or not args.strict else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""Food-11 classifier served by FastAPI with ONNX Runtime.
+
+The same service as ../fastapi_pt/app.py with one change: the model is the
+ONNX export run by ONNX Runtime instead of PyTorch. Compare the two files;
+the request, the response and the preprocessing are identical.
+
+Run it:   uvicorn app:app --host 127.0.0.1 --port 8011     (from fastapi_onnx/)
+Try it:   http://127.0.0.1:8011/docs
+
+    POST /predict  {"image": "<base64 JPEG/PNG>"}  → {"prediction": ..., "probability": ...}
+    GET  /health   → 200 once the model is loaded (model, backend, device)
+"""
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from fastapi import FastAPI
+from pydantic import BaseModel, Field
+
+from servelab import food11, serving
+
+MODEL_PATH = Path(os.environ.get("MODEL_PATH", Path(__file__).with_name("food11.onnx")))
+
+# --- CPU threads: the lesson of this file --------------------------------
+# ONNX Runtime runs one inference on a pool of intra-op threads. Size that
+# pool to the cores we have and run one inference at a time (the lock):
+# concurrent Run() calls on one session would share the pool and contend
+# for the same cores, so 16 clients would each be slower, not faster.
+THREADS = serving.cpu_threads()
+options = ort.SessionOptions()
+options.intra_op_num_threads = THREADS                        # threads inside one inference
+options.inter_op_num_threads = 1                              # no parallel branches to run
+options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL     # run nodes one after another
+options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL  # fuse conv+bn+relu etc.
+
+# --- Load the model once, when the server starts ------------------------
+# CUDAExecutionProvider on a GPU, else CPU (SERVELAB_DEVICE forces one).
+session = ort.InferenceSession(str(serving.require_model_file(MODEL_PATH)), options,
+                               providers=serving.onnx_providers())
+device = serving.onnx_device(session)
+input_name = session.get_inputs()[0].name                     # "input"  [N, 3, 224, 224]
+info = serving.model_info(MODEL_PATH)
+
+session.run(None, {input_name: np.zeros((1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE), np.float32)})  # warm-up
+
+inference_lock = threading.Lock()                             # one inference at a time (see above)
+
+app = FastAPI(
+    title="Food-11 classifier (ONNX Runtime)",
+    description=f"MobileNetV2 exported to ONNX, 11 food classes. Weights: {info.weights_kind} ({info.note}).",
+)
+app.add_middleware(serving.BodySizeLimit, max_bytes=serving.MAX_BODY_BYTES)  # bigger bodies: 413, unread
+serving.install_error_handlers(app)                           # bad input → JSON 4xx
+
+
+class PredictRequest(BaseModel):
+    image: str = Field(**serving.IMAGE_FIELD_DOC)   # base64 JPEG/PNG
+
+
+class PredictResponse(BaseModel):
+    prediction: str = Field(description="predicted Food-11 class")
+    probability: float = Field(ge=0, le=1, description="softmax probability of that class")
+    model: str
+    model_version: str
+    weights_kind: str = Field(description="demo (untrained) or trained")
+    note: str
+
+
+@app.get("/health")
+def health():
+    return {"status": "ok", "model": info.name, "model_version": info.version,
+            "weights_kind": info.weights_kind, "backend": "onnxruntime", "device": device,
+            "providers": session.get_providers(), "threads": THREADS}
+
+
+# `def`, not `async def`: FastAPI runs it in its threadpool, so decoding the
+# next request's image overlaps with this request's inference.
+@app.post("/predict", response_model=PredictResponse, responses=serving.ERROR_RESPONSES)
+def predict(request: PredictRequest):
+    x = food11.preprocess_base64(request.image)               # bad input → 400/413 JSON
+    batch = x[np.newaxis]                                     # [1, 3, 224, 224] float32
+
+    with inference_lock:
+        logits = session.run(None, {input_name: batch})[0]    # [1, 11]
+
+    top = food11.predict_from_logits(logits)[0]               # softmax → label, probability
+    return {**top.as_dict(), **info.response_fields()}

@@ -1,0 +1,95 @@
+"""Food-11 classifier served by FastAPI with PyTorch.
+
+Run it:   uvicorn app:app --host 127.0.0.1 --port 8010     (from fastapi_pt/)
+Try it:   http://127.0.0.1:8010/docs  (Swagger UI: POST /predict → "Try it out")
+
+    POST /predict  {"image": "<base64 JPEG/PNG>"}
+        → {"prediction": "Bread", "probability": 0.93, "model_version": ..., "weights_kind": ...}
+    GET  /health   → 200 once the model is loaded (model, backend, device)
+
+Decoding, preprocessing, labels and softmax come from servelab.food11, the
+same code the ONNX service, Triton and the Flask app use, so every backend
+gives the same answer for the same image.
+"""
+
+import os
+import threading
+from pathlib import Path
+
+import torch
+from fastapi import FastAPI
+from pydantic import BaseModel, Field
+
+from servelab import food11, serving
+
+MODEL_PATH = Path(os.environ.get("MODEL_PATH", Path(__file__).with_name("food11.pth")))
+
+# --- CPU threads: the lesson of this file --------------------------------
+# One PyTorch forward pass can already use every core (intra-op threads).
+# If 16 requests each ran their own forward pass at the same time, 16 × N
+# threads would fight over N cores and every request would get slower
+# (the earlier version of this lab served 16 clients slower than one).
+# So: give PyTorch exactly as many threads as this process has cores, and
+# run one forward pass at a time (the lock below). Concurrent requests then
+# wait in a queue, and queueing delay, not thrashing, is what you measure.
+THREADS = serving.cpu_threads()          # cores we may use (honours Docker --cpus)
+torch.set_num_threads(THREADS)           # intra-op: threads inside one forward pass
+torch.set_num_interop_threads(1)         # inter-op: MobileNetV2 is one chain of ops
+
+# --- Load the model once, when the server starts ------------------------
+# uvicorn opens its port only after this module is imported, so a client that
+# can reach /health knows the model is loaded.
+device = serving.torch_device()          # "cuda" if present, else "cpu"; SERVELAB_DEVICE forces one
+model = torch.load(serving.require_model_file(MODEL_PATH), map_location=device, weights_only=False)
+model.eval()                             # inference mode for dropout / batch-norm
+info = serving.model_info(MODEL_PATH)    # version and demo/trained weights, shown with every answer
+
+with torch.inference_mode():             # warm-up: the first call allocates memory, picks kernels
+    model(torch.zeros(1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE, device=device))
+
+inference_lock = threading.Lock()        # one forward pass at a time (see above)
+
+app = FastAPI(
+    title="Food-11 classifier (PyTorch)",
+    description=f"MobileNetV2, 11 food classes. Weights: {info.weights_kind} ({info.note}).",
+)
+app.add_middleware(serving.BodySizeLimit, max_bytes=serving.MAX_BODY_BYTES)  # bigger bodies: 413, unread
+serving.install_error_handlers(app)      # bad input → JSON 4xx with a readable message
+
+
+class PredictRequest(BaseModel):
+    image: str = Field(**serving.IMAGE_FIELD_DOC)   # base64 JPEG/PNG
+
+
+class PredictResponse(BaseModel):
+    prediction: str = Field(description="predicted Food-11 class")
+    probability: float = Field(ge=0, le=1, description="softmax probability of that class")
+    model: str
+    model_version: str
+    weights_kind: str = Field(description="demo (untrained) or trained")
+    note: str
+
+
+@app.get("/health")
+def health():
+    return {"status": "ok", "model": info.name, "model_version": info.version,
+            "weights_kind": info.weights_kind, "backend": "pytorch", "device": device,
+            "threads": THREADS}
+
+
+# A plain `def` endpoint: FastAPI runs it in its worker threadpool, so while
+# one request holds the lock for its forward pass, others decode their images
+# in parallel and then queue for the model.
+@app.post("/predict", response_model=PredictResponse, responses=serving.ERROR_RESPONSES)
+def predict(request: PredictRequest):
+    # base64 → image → float32 [3, 224, 224]. Bad input raises
+    # food11.ImageDecodeError, which the error handlers turn into a 400/413.
+    x = food11.preprocess_base64(request.image)
+    batch = torch.from_numpy(x).unsqueeze(0).to(device)        # [1, 3, 224, 224]
+
+    with inference_lock, torch.inference_mode():
+        logits = model(batch)                                   # [1, 11]
+
+    # Softmax turns logits into probabilities that sum to 1 over the classes.
+    top = food11.predict_from_logits(logits.cpu().numpy())[0]
+    return {**top.as_dict(), **info.response_fields()}

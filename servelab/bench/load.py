@@ -1,0 +1,437 @@
+"""Load patterns and the engine that drives a target with them.
+
+* sequential: one request after another (closed loop with one client).
+* closed loop: ``C`` clients, each sending its next request as soon as the
+  last one returns; bounded by a request count and/or a duration, after a
+  warm-up that is not measured.
+* open loop: requests sent at scheduled times (constant or Poisson rate),
+  whatever the server does. Latency runs from the *scheduled* send time, so
+  a request delayed by a stalled server or by the in-flight cap still counts
+  its full wait; sends later than ``late_after_ms`` are counted as late.
+
+Everything runs on one asyncio event loop (uvloop when installed), one
+keep-alive connection per request in flight. ``run()`` works in scripts and
+inside Jupyter (where a loop is already running it uses a worker thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import datetime as _dt
+import itertools
+import json
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from servelab.bench import http, schedule, stats
+from servelab.bench.progress import Progress
+from servelab.bench.targets import Target
+
+
+@dataclass
+class Pattern:
+    """How to load a target. Build with ``sequential``, ``closed``, ``open_loop``."""
+
+    mode: str = "closed"              # "closed" | "open"
+    concurrency: int = 1              # closed loop: number of clients
+    rate: float | None = None         # open loop: requests per second
+    distribution: str = "constant"    # open loop: "constant" | "poisson"
+    requests: int | None = None       # measured requests (upper bound)
+    duration: float | None = None     # measured seconds (upper bound)
+    warmup: int = 0                   # requests sent first and not measured
+    max_in_flight: int = 128          # open loop: cap on outstanding requests
+    seed: int = 0                     # open loop: Poisson schedule seed
+    late_after_ms: float = 5.0        # open loop: a send this late counts as late
+    timeout: float = 30.0             # per request, seconds
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("closed", "open"):
+            raise ValueError(f"mode must be 'closed' or 'open', got {self.mode!r}")
+        if self.requests is None and self.duration is None:
+            raise ValueError("bound the run: give a request count, a duration, or both")
+        if self.requests is not None and self.requests < 1:
+            raise ValueError("requests must be >= 1")
+        if self.duration is not None and self.duration <= 0:
+            raise ValueError("duration must be > 0")
+        if self.warmup < 0:
+            raise ValueError("warmup must be >= 0")
+        if self.mode == "closed" and self.concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        if self.mode == "open":
+            if not self.rate or self.rate <= 0:
+                raise ValueError("an open loop needs a rate > 0")
+            if self.distribution not in schedule.DISTRIBUTIONS:
+                raise ValueError(f"distribution must be one of {schedule.DISTRIBUTIONS}")
+            if self.max_in_flight < 1:
+                raise ValueError("max_in_flight must be >= 1")
+
+    @property
+    def label(self) -> str:
+        if self.mode == "closed":
+            return "sequential" if self.concurrency == 1 else f"C={self.concurrency}"
+        return f"{self.rate:g}/s {self.distribution}"
+
+    def measured_count(self) -> int | None:
+        """Open loop: how many requests the schedule holds."""
+        if self.mode != "open":
+            return self.requests
+        n = schedule.count_for(self.rate, self.duration) if self.duration else None
+        if self.requests is not None:
+            n = self.requests if n is None else min(n, self.requests)
+        return n
+
+
+def sequential(requests: int, warmup: int = 1, **kw) -> Pattern:
+    return Pattern("closed", 1, requests=requests, warmup=warmup, **kw)
+
+
+def closed(concurrency: int, requests: int | None = None, duration: float | None = None,
+           warmup: int | None = None, **kw) -> Pattern:
+    if warmup is None:
+        warmup = concurrency  # one request per client: connections open, caches warm
+    return Pattern("closed", concurrency, requests=requests, duration=duration, warmup=warmup, **kw)
+
+
+def open_loop(rate: float, distribution: str = "constant", requests: int | None = None,
+              duration: float | None = None, warmup: int = 0, max_in_flight: int = 128,
+              seed: int = 0, **kw) -> Pattern:
+    return Pattern("open", rate=rate, distribution=distribution, requests=requests,
+                   duration=duration, warmup=warmup, max_in_flight=max_in_flight, seed=seed, **kw)
+
+
+@dataclass
+class Result:
+    """One measured run. Latencies in ms; throughput in successful requests/s."""
+
+    label: str
+    target: dict
+    pattern: dict
+    started_at: str
+    sent: int
+    ok: int
+    errors: dict[str, int]
+    duration_s: float
+    throughput: float
+    latency: dict[str, float]
+    latencies_ms: list[float] = field(default_factory=list, repr=False)
+    late: int | None = None
+    send_lag_ms: dict[str, float] | None = None
+    max_in_flight_seen: int = 0
+    server: dict | None = None
+    utilization: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.errors.values())
+
+    def row(self) -> dict:
+        """A flat summary (one CSV/table row)."""
+        r = {"label": self.label, "target": self.target.get("name", ""), "pattern": self.pattern.get("label", ""),
+             "sent": self.sent, "ok": self.ok, "errors": self.error_count,
+             "throughput": round(self.throughput, 2)}
+        for k in ("mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms"):
+            r[k] = round(self.latency.get(k, math.nan), 3)
+        r["late"] = self.late if self.late is not None else ""
+        srv = (self.server or {}).get("per_request_ms", {})
+        for k in ("queue", "compute_input", "compute_infer", "compute_output"):
+            r[f"server_{k}_ms"] = round(srv[k], 3) if k in srv else ""
+        r["avg_batch"] = round(self.server["avg_batch_size"], 2) if self.server and self.server.get("avg_batch_size") else ""
+        return r
+
+    def to_dict(self, latencies: bool = True) -> dict:
+        d = asdict(self)
+        if not latencies:
+            d.pop("latencies_ms")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Result":
+        return cls(**d)
+
+
+def save_json(results: Sequence[Result], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([r.to_dict() for r in results], indent=1, default=_jsonable))
+    return path
+
+
+def load_json(path: str | Path) -> list[Result]:
+    return [Result.from_dict(d) for d in json.loads(Path(path).read_text())]
+
+
+def save_csv(results: Sequence[Result], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [r.row() for r in results]
+    with path.open("w", newline="") as f:
+        if rows:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return path
+
+
+def _jsonable(x):
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return str(x)
+
+
+class Observer:
+    """Hooks around the measured window (e.g. Triton statistics, metrics)."""
+
+    async def before(self) -> None:  # after warm-up, just before measuring
+        pass
+
+    async def after(self, result: Result) -> None:  # fills in result.server etc.
+        pass
+
+
+class _Recorder:
+    __slots__ = ("sched", "send", "done", "kinds", "errors", "t0")
+
+    def __init__(self, t0: float):
+        self.t0 = t0
+        self.sched: list[float] = []
+        self.send: list[float] = []
+        self.done: list[float] = []
+        self.kinds: list[str | None] = []
+        self.errors = 0
+
+    def add(self, sched: float, send: float, done: float, kind: str | None) -> None:
+        self.sched.append(sched)
+        self.send.append(send)
+        self.done.append(done)
+        self.kinds.append(kind)
+        if kind is not None:
+            self.errors += 1
+
+
+async def _call(target: Target, session, i: int) -> str | None:
+    try:
+        return await target.call(session, i)
+    except http.HTTPError as e:
+        return e.kind
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # a target bug or an unexpected transport error
+        return type(e).__name__
+
+
+class _Engine:
+    def __init__(self, target: Target, pattern: Pattern, progress: bool | None, label: str):
+        self.target, self.pattern, self.label = target, pattern, label
+        self.progress_enabled = progress
+        self.sessions: list = []   # every session opened, closed at the end
+        self.idle: list = []       # open loop: sessions free for the next request
+
+    async def _open_session(self):
+        s = await self.target.open()
+        self.sessions.append(s)
+        return s
+
+    # -- closed loop --------------------------------------------------------
+    async def _closed_phase(self, workers: list, count: int | None, duration: float | None,
+                            rec: _Recorder | None, prog: Progress | None) -> float:
+        counter = iter(range(count)) if count is not None else itertools.count()
+        deadline = (time.perf_counter() + duration) if duration else None
+        perf = time.perf_counter
+
+        async def worker(session):
+            i = 0
+            for i in counter:
+                if deadline is not None and perf() >= deadline:
+                    return
+                ts = perf()
+                kind = await _call(self.target, session, i)
+                if rec is not None:
+                    rec.add(ts, ts, perf(), kind)
+
+        ticker = asyncio.ensure_future(self._tick(rec, prog)) if prog else None
+        await asyncio.gather(*(worker(s) for s in workers))
+        if ticker:
+            ticker.cancel()
+        return perf()
+
+    # -- open loop ----------------------------------------------------------
+    async def _open_phase(self, n: int, seed: int, rec: _Recorder | None, prog: Progress | None) -> tuple[float, int, int]:
+        pat = self.pattern
+        offs = schedule.offsets(pat.rate, n, pat.distribution, seed)
+        loop = asyncio.get_running_loop()
+        perf = time.perf_counter
+        state = {"in_flight": 0, "max": 0}
+        slot = asyncio.Event()
+        tasks: set[asyncio.Task] = set()
+        late_after = pat.late_after_ms / 1000.0
+        late = 0
+
+        async def one(session, i, t_sched, t_send):
+            kind = await _call(self.target, session, i)
+            t_done = perf()
+            if rec is not None:
+                rec.add(t_sched, t_send, t_done, kind)
+            self.idle.append(session)
+            state["in_flight"] -= 1
+            slot.set()
+
+        ticker = asyncio.ensure_future(self._tick(rec, prog)) if prog else None
+        t0 = perf() + 0.005
+        for i in range(n):
+            t_sched = t0 + offs[i]
+            delay = t_sched - perf()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            while state["in_flight"] >= pat.max_in_flight:
+                slot.clear()
+                await slot.wait()
+            session = self.idle.pop() if self.idle else await self._open_session()
+            t_send = perf()
+            if t_send - t_sched > late_after:
+                late += 1
+            state["in_flight"] += 1
+            state["max"] = max(state["max"], state["in_flight"])
+            task = loop.create_task(one(session, i, t_sched, t_send))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+        if ticker:
+            ticker.cancel()
+        return perf(), late, state["max"]
+
+    async def _tick(self, rec: _Recorder | None, prog: Progress) -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            if rec is not None:
+                prog.update(len(rec.kinds), rec.errors)
+
+    # -- a whole run -----------------------------------------------------------
+    async def run(self, observers: Sequence[Observer]) -> Result:
+        pat = self.pattern
+        started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        late = None
+        max_seen = 0
+        try:
+            if pat.mode == "closed":
+                workers = [await self._open_session() for _ in range(pat.concurrency)]
+                if pat.warmup:
+                    await self._closed_phase(workers, pat.warmup, None, None, None)
+                for o in observers:
+                    await o.before()
+                prog = Progress(self.label, total=pat.requests, duration=pat.duration,
+                                enabled=self.progress_enabled)
+                t0 = time.perf_counter()
+                rec = _Recorder(t0)
+                t_end = await self._closed_phase(workers, pat.requests, pat.duration, rec, prog)
+                max_seen = pat.concurrency
+            else:
+                n = pat.measured_count()
+                for _ in range(min(pat.max_in_flight, 4)):  # a few connections ready
+                    self.idle.append(await self._open_session())
+                if pat.warmup:
+                    await self._open_phase(pat.warmup, pat.seed + 1, None, None)
+                for o in observers:
+                    await o.before()
+                prog = Progress(self.label, total=n, enabled=self.progress_enabled)
+                t0 = time.perf_counter()
+                rec = _Recorder(t0)
+                t_end, late, max_seen = await self._open_phase(n, pat.seed, rec, prog)
+            prog.close()
+        finally:
+            for s in self.sessions:
+                try:
+                    await self.target.close(s)
+                except Exception:
+                    pass
+        # The measured window: from the first scheduled send to the last answer.
+        first = min(rec.sched) if rec.sched else t0
+        duration = max(t_end - first, 1e-9)
+        ok_lat = [d - s for s, d, k in zip(rec.sched, rec.done, rec.kinds) if k is None]
+        errors: dict[str, int] = {}
+        for k in rec.kinds:
+            if k is not None:
+                errors[k] = errors.get(k, 0) + 1
+        send_lag = None
+        if pat.mode == "open" and rec.send:
+            lags = [(b - a) * 1000 for a, b in zip(rec.sched, rec.send)]
+            send_lag = {"mean_ms": sum(lags) / len(lags), "max_ms": max(lags)}
+        pdict = asdict(pat)
+        pdict["label"] = pat.label
+        result = Result(
+            label=self.label, target=self.target.describe(), pattern=pdict, started_at=started,
+            sent=len(rec.kinds), ok=len(ok_lat), errors=dict(sorted(errors.items())),
+            duration_s=duration, throughput=len(ok_lat) / duration,
+            latency=stats.summarize(ok_lat), latencies_ms=[x * 1000 for x in ok_lat],
+            late=late, send_lag_ms=send_lag, max_in_flight_seen=max_seen,
+        )
+        for o in observers:
+            await o.after(result)
+        return result
+
+
+async def arun(target: Target, pattern: Pattern, observers: Sequence[Observer] = (),
+               label: str | None = None, progress: bool | None = None) -> Result:
+    """Run one pattern against one target (coroutine)."""
+    return await _Engine(target, pattern, progress, label or pattern.label).run(list(observers))
+
+
+def run(target: Target, pattern: Pattern, observers: Sequence[Observer] = (),
+        label: str | None = None, progress: bool | None = None) -> Result:
+    """Run one pattern against one target and return its ``Result``.
+
+    ``progress=None`` shows a progress bar on stderr when it is a terminal.
+    """
+    return run_coroutine(arun(target, pattern, observers, label, progress))
+
+
+def run_coroutine(coro):
+    """Run ``coro`` on a fresh event loop (uvloop if installed), also from
+    inside an already running loop such as a Jupyter kernel's."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _new_loop_run(coro)
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = _new_loop_run(coro)
+        except BaseException as e:  # re-raised in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=target, name="servelab-bench")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _new_loop_run(coro):
+    try:
+        import uvloop  # faster event loop: more headroom for the client
+        loop = uvloop.new_event_loop()
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+def sweep(target: Target, patterns: Iterable[Pattern], observers_factory=None,
+          progress: bool | None = None, label_prefix: str = "") -> list[Result]:
+    """Run several patterns one after another (e.g. concurrency 1, 8, 16)."""
+    out = []
+    for p in patterns:
+        obs = observers_factory() if observers_factory else ()
+        out.append(run(target, p, obs, f"{label_prefix}{p.label}", progress))
+    return out

@@ -1,0 +1,142 @@
+"""A small queueing model of one inference server, to explain measurements.
+
+Notation: ``S`` is the service time of one execution (seconds), ``lam`` the
+arrival rate (requests/s), ``rho = lam * S`` the utilization, ``C`` the
+number of closed-loop clients, ``k`` the number of model instances.
+
+(a) Closed loop, no think time. Each client sends its next request as soon as
+    the last one returns, so ``C`` requests are always in the system. With
+    ``k`` instances each serving one at a time, throughput is
+    ``X = min(C, k) / S`` and by Little's law (``C = X * R``) the latency is
+    ``R = max(1, C / k) * S``. One instance: ``R = C * S`` -- "8 clients,
+    ~8x the inference delay" -- and throughput does not grow at all.
+
+(b) Open loop at rate ``lam``, deterministic service ``S``, one instance.
+    Poisson arrivals (M/D/1, Pollaczek-Khinchine with zero service variance):
+    mean wait ``Wq = rho * S / (2 * (1 - rho))``, response ``W = Wq + S``.
+    Constant arrivals with ``rho < 1`` (D/D/1): nobody ever waits, ``W = S``.
+    Same mean rate, different latency: the queue comes from the bursts.
+
+(c) Dynamic batching. A batch of ``b`` takes ``S(b) = a + c * b`` (fixed cost
+    ``a`` per execution plus ``c`` per request; fitted from Triton's
+    ``batch_stats``). When the server stays busy, each batch holds the
+    requests that arrived while the previous one ran: ``b = lam * S(b)``, so
+    ``b* = lam * a / (1 - lam * c)`` (at least 1). A request arriving while a
+    batch runs waits on average half of it (the residual of a deterministic
+    service) and is served in the next one: ``W ~= rho_b * S(b*) / 2 + S(b*)``
+    with ``rho_b = min(1, lam * S(b*) / b*)`` the fraction of time busy. Never
+    more than one batch of waiting: the queue cannot build up as in (b) until
+    ``lam * c`` reaches 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Mapping
+
+
+def closed_loop(concurrency: int, service_s: float, instances: int = 1) -> dict[str, float]:
+    """Predicted latency (s) and throughput (1/s) of a closed loop (a)."""
+    if concurrency < 1 or instances < 1:
+        raise ValueError("concurrency and instances must be >= 1")
+    if service_s <= 0:
+        raise ValueError("service time must be > 0")
+    latency = max(1.0, concurrency / instances) * service_s
+    throughput = min(concurrency, instances) / service_s
+    return {"latency_s": latency, "throughput": throughput}
+
+
+def utilization(rate: float, service_s: float) -> float:
+    return rate * service_s
+
+
+def md1_wait(rate: float, service_s: float) -> float:
+    """Mean queueing delay (s) of M/D/1; ``inf`` when ``rho >= 1``."""
+    rho = utilization(rate, service_s)
+    if rho >= 1:
+        return math.inf
+    return rho * service_s / (2.0 * (1.0 - rho))
+
+
+def md1_response(rate: float, service_s: float) -> float:
+    """Mean latency (s) of M/D/1: queueing delay plus service."""
+    return md1_wait(rate, service_s) + service_s
+
+
+def dd1_wait(rate: float, service_s: float) -> float:
+    """Mean queueing delay (s) with evenly spaced arrivals: 0 below saturation."""
+    return 0.0 if utilization(rate, service_s) <= 1 else math.inf
+
+
+def dd1_response(rate: float, service_s: float) -> float:
+    return dd1_wait(rate, service_s) + service_s
+
+
+def fit_batch_service(points: Mapping[int, tuple[float, int]]) -> tuple[float, float]:
+    """Fit ``S(b) = a + c*b`` to ``{batch_size: (mean_service_s, executions)}``.
+
+    Weighted least squares by the number of executions. With a single batch
+    size there is no slope to fit: ``c = 0`` and ``a`` is that mean.
+    """
+    pts = [(b, s, n) for b, (s, n) in points.items() if n > 0]
+    if not pts:
+        raise ValueError("no batch statistics to fit")
+    if len({b for b, _, _ in pts}) == 1:
+        s = sum(s * n for _, s, n in pts) / sum(n for *_, n in pts)
+        return s, 0.0
+    w = sum(n for *_, n in pts)
+    mb = sum(b * n for b, _, n in pts) / w
+    ms = sum(s * n for _, s, n in pts) / w
+    var = sum(n * (b - mb) ** 2 for b, _, n in pts)
+    cov = sum(n * (b - mb) * (s - ms) for b, s, n in pts)
+    c = max(0.0, cov / var)
+    a = max(0.0, ms - c * mb)
+    return a, c
+
+
+def batched_batch_size(rate: float, a: float, c: float, max_batch: int = 16) -> float:
+    """Steady-state batch size ``b* = lam*a / (1 - lam*c)``, within [1, max_batch]."""
+    if rate * c >= 1:
+        return float(max_batch)
+    return min(float(max_batch), max(1.0, rate * a / (1.0 - rate * c)))
+
+
+def batched_response(rate: float, a: float, c: float, max_batch: int = 16,
+                     queue_delay_s: float = 0.0) -> float:
+    """Mean latency (s) under dynamic batching, model (c).
+
+    ``queue_delay_s`` is Triton's ``max_queue_delay_microseconds``: when the
+    server is idle a request may wait up to that long for company; it is added
+    in proportion to the idle fraction.
+    """
+    b = batched_batch_size(rate, a, c, max_batch)
+    s_b = a + c * b
+    busy = min(1.0, rate * s_b / b)
+    return busy * s_b / 2.0 + s_b + (1.0 - busy) * queue_delay_s
+
+
+def gap_pct(predicted: float, measured: float) -> float:
+    """How far the measurement is from the prediction, in % of the prediction."""
+    if predicted == 0 or math.isinf(predicted) or math.isnan(predicted):
+        return math.nan
+    return 100.0 * (measured - predicted) / predicted
+
+
+@dataclass
+class Comparison:
+    """One predicted-vs-measured line of a report."""
+
+    case: str
+    model: str
+    predicted_ms: float
+    measured_ms: float
+
+    @property
+    def gap_pct(self) -> float:
+        return gap_pct(self.predicted_ms, self.measured_ms)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["gap_pct"] = self.gap_pct
+        return d

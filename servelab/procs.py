@@ -1,0 +1,157 @@
+"""Small process helpers shared by the local stack, Triton launcher and tests:
+free ports, starting a server in its own process group, waiting for an HTTP
+health endpoint, and stopping the whole group without leaving orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def venv_bin() -> Path:
+    """The bin/ folder of the interpreter running the kit."""
+    return Path(sys.executable).parent
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for a child process: the venv's bin first on PATH."""
+    env = dict(os.environ)
+    env["PATH"] = f"{venv_bin()}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+@dataclass
+class Server:
+    """A server process started in its own session (process group)."""
+
+    name: str
+    proc: subprocess.Popen
+    url: str
+    log_path: Path | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, n: int = 40) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        stop_group(self.proc, timeout=timeout)
+
+
+def start(name: str, cmd: Sequence[str], url: str, log_path: Path | None = None,
+          env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None) -> Server:
+    """Start ``cmd`` in a new session so the whole tree can be signalled."""
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        out = open(log_path, "ab")
+    else:
+        out = subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(
+            list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=child_env(env), cwd=cwd, start_new_session=True,
+        )
+    finally:
+        if log_path is not None:
+            out.close()
+    return Server(name=name, proc=proc, url=url, log_path=log_path)
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """GET ``url`` and return its status, or None if nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return None
+
+
+def wait_http_ok(url: str, timeout: float = 60.0, server: Server | None = None) -> None:
+    """Poll ``url`` until it answers 200; fail early if ``server`` died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server is not None and not server.alive():
+            raise RuntimeError(
+                f"{server.name} exited with code {server.proc.returncode} before it was ready.\n"
+                f"{server.log_tail()}"
+            )
+        if http_status(url) == 200:
+            return
+        time.sleep(0.2)
+    tail = server.log_tail() if server else ""
+    raise TimeoutError(f"{url} did not answer 200 within {timeout:.0f} s.\n{tail}")
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM the process group, wait, then SIGKILL whatever is left."""
+    if proc.poll() is not None:
+        _kill_group(proc.pid, signal.SIGKILL)  # reap any children left behind
+        return
+    _kill_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+    _kill_group(proc.pid, signal.SIGKILL)
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def group_pids(pgid: int) -> list[int]:
+    """PIDs still alive in process group ``pgid`` (Linux /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) == pgid:
+                pids.append(int(entry.name))
+        except (ProcessLookupError, PermissionError):
+            continue
+    return pids

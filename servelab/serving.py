@@ -1,0 +1,420 @@
+"""Machinery shared by the lab's FastAPI services (fastapi_pt/, fastapi_onnx/).
+
+The service files stay short so students can read them top to bottom; what
+they do not need to read to learn the lesson lives here:
+
+* which device to run on (``SERVELAB_DEVICE=cpu|cuda``, unset = auto), logged;
+* how many CPU threads this process may really use (affinity, cgroup quota);
+* the size limit on request bodies and the JSON schema of the base64 field;
+* JSON error responses: every client mistake becomes a 4xx with a sentence a
+  student understands, never a 200 carrying an error and never a 500;
+* what model is loaded (name, version, demo or trained weights).
+
+torch and onnxruntime are imported lazily, so the ONNX service never imports
+torch and the PyTorch service never imports onnxruntime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab import food11
+
+log = logging.getLogger("servelab")
+if not log.handlers:
+    # uvicorn configures only its own loggers; give ours a plain handler so the
+    # device choice and thread sizing show up in the server log.
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(logging.Formatter("%(levelname)s:     [servelab] %(message)s"))
+    log.addHandler(_handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+# --------------------------------------------------------------------------
+# Threads and devices
+# --------------------------------------------------------------------------
+
+def cpu_threads() -> int:
+    """CPU cores this process may use: ``SERVELAB_THREADS`` if set, else the
+    affinity mask (taskset, Docker ``--cpuset-cpus``) capped by a cgroup v2
+    CPU quota (Docker ``--cpus``). ``os.cpu_count()`` would report every core
+    of the host even inside a container limited to two."""
+    forced = os.environ.get("SERVELAB_THREADS", "").strip()
+    if forced:
+        try:
+            n = int(forced)
+        except ValueError:
+            raise ValueError(f"SERVELAB_THREADS must be a positive integer, got {forced!r}") from None
+        if n < 1:
+            raise ValueError(f"SERVELAB_THREADS must be a positive integer, got {forced!r}")
+        return n
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        n = min(n, quota)
+    return max(1, n)
+
+
+def _cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
+    try:
+        text = Path(path).read_text().split()
+    except OSError:
+        return None
+    if len(text) != 2 or text[0] == "max":
+        return None
+    try:
+        return max(1, math.ceil(int(text[0]) / int(text[1])))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def requested_device() -> str:
+    """``SERVELAB_DEVICE``: 'cpu', 'cuda' or 'auto' (unset or empty)."""
+    value = os.environ.get("SERVELAB_DEVICE", "").strip().lower() or "auto"
+    if value not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"SERVELAB_DEVICE must be 'cpu', 'cuda' or unset (auto), got {value!r}")
+    return value
+
+
+def _choose(requested: str, cuda_available: bool, what: str) -> str:
+    if requested == "cpu":
+        device = "cpu"
+        why = "SERVELAB_DEVICE=cpu"
+    elif cuda_available:
+        device = "cuda"
+        why = "SERVELAB_DEVICE=cuda" if requested == "cuda" else f"auto: {what} sees a CUDA device"
+    else:
+        device = "cpu"
+        if requested == "cuda":
+            log.warning("SERVELAB_DEVICE=cuda but %s sees no CUDA device: falling back to CPU", what)
+            why = "SERVELAB_DEVICE=cuda requested, none available"
+        else:
+            why = f"auto: {what} sees no CUDA device"
+    log.info("device: %s (%s)", device, why)
+    return device
+
+
+def torch_device() -> str:
+    """'cuda' or 'cpu' for PyTorch, honouring ``SERVELAB_DEVICE``; logged."""
+    requested = requested_device()
+    import torch
+
+    available = requested != "cpu" and torch.cuda.is_available()
+    return _choose(requested, available, "PyTorch")
+
+
+def onnx_providers() -> list[str]:
+    """ONNX Runtime execution providers, honouring ``SERVELAB_DEVICE``; logged.
+    With CUDA the CPU provider stays as the fallback for unsupported nodes."""
+    requested = requested_device()
+    import onnxruntime as ort
+
+    available = requested != "cpu" and "CUDAExecutionProvider" in ort.get_available_providers()
+    device = _choose(requested, available, "ONNX Runtime")
+    if device == "cuda":
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def onnx_device(session) -> str:
+    """The device an ONNX Runtime session actually runs on."""
+    return "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
+
+
+# --------------------------------------------------------------------------
+# What is loaded
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    path: Path
+    version: str
+    weights_kind: str
+
+    @property
+    def note(self) -> str:
+        if self.weights_kind == "demo":
+            return food11.DEMO_WEIGHTS_NOTE
+        if self.weights_kind == "trained":
+            return "trained Food-11 weights"
+        return "weights of unknown origin (no build stamp beside the model file)"
+
+    def response_fields(self) -> dict:
+        """What every prediction carries besides label and probability."""
+        return {"model": self.name, "model_version": self.version,
+                "weights_kind": self.weights_kind, "note": self.note}
+
+
+def model_info(path: str | os.PathLike, name: str = "food11") -> ModelInfo:
+    """Name, version (first 12 hex digits of the file's sha256, as recorded in
+    its build stamp) and weights kind of a model artifact."""
+    path = Path(path)
+    version = None
+    try:
+        stamp = json.loads(Path(f"{path}.json").read_text(encoding="utf-8"))
+        version = str(stamp.get("sha256", ""))[:12] or None
+    except (OSError, ValueError, AttributeError):
+        pass
+    if version is None:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        version = h.hexdigest()[:12]
+    return ModelInfo(name=name, path=path, version=version, weights_kind=food11.weights_kind(path))
+
+
+def require_model_file(path: str | os.PathLike) -> Path:
+    """Fail at start-up with a hint, rather than with a pickle traceback."""
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(
+            f"Model file not found: {path}\n"
+            "Build it with `make models` (or `python -m servelab models build`), "
+            "or point MODEL_PATH at an existing file."
+        )
+    return path
+
+
+# --------------------------------------------------------------------------
+# The request contract
+# --------------------------------------------------------------------------
+
+# Standard base64 (RFC 4648 alphabet, '=' padding, no whitespace). The OpenAPI
+# schema documents this pattern so schema-driven clients (Swagger's "Try it
+# out", schemathesis) generate strings the server can decode; the server
+# checks it with servelab.food11.decode_base64, which answers 400
+# `invalid_base64` with a readable sentence instead of a regex dump.
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+# The longest base64 string that can decode to MAX_IMAGE_BYTES.
+MAX_BASE64_CHARS = 4 * math.ceil(food11.MAX_IMAGE_BYTES / 3)
+
+# Request bodies above this are refused with 413 before they are parsed:
+# the largest allowed image in base64 plus room for the JSON around it.
+MAX_BODY_BYTES = MAX_BASE64_CHARS + 64 * 1024
+MAX_BODY_BYTES_DEFAULT = MAX_BODY_BYTES
+
+IMAGE_FIELD_DOC = {
+    "description": (
+        "The image file (JPEG or PNG) encoded as standard base64. "
+        f"At most {food11.MAX_IMAGE_BYTES} bytes before encoding and "
+        f"{food11.MAX_IMAGE_PIXELS} pixels."
+    ),
+    # Documented, not enforced by pydantic: decode_base64 enforces both and
+    # gives a better message (and the right status, 400 or 413).
+    "json_schema_extra": {
+        "pattern": BASE64_PATTERN,
+        "minLength": 4,
+        "maxLength": MAX_BASE64_CHARS,
+        "contentEncoding": "base64",
+        "contentMediaType": "image/*",
+    },
+}
+
+
+def _error_schema(example_code: str, example_message: str) -> dict:
+    return {
+        "content": {"application/json": {"schema": {
+            "type": "object",
+            "required": ["error", "message"],
+            "properties": {
+                "error": {"type": "string", "description": "stable machine-readable code"},
+                "message": {"type": "string", "description": "what went wrong, in a sentence"},
+            },
+        }, "example": {"error": example_code, "message": example_message}}},
+    }
+
+
+# Documented in the OpenAPI schema (and so in /docs) for POST /predict.
+ERROR_RESPONSES: dict = {
+    400: {"description": "The image field is not base64, not an image, or a truncated image.",
+          **_error_schema("not_an_image", "The data is not an image PIL can read (expected JPEG, PNG, ...).")},
+    413: {"description": "The request body or the image is too large (bytes or pixels).",
+          **_error_schema("image_too_large", "The image is 20000x20000 = 400000000 pixels; the limit is 40000000.")},
+    415: {"description": "The request body is not JSON (send Content-Type: application/json).",
+          **_error_schema("unsupported_media_type", "Send the request body as JSON with Content-Type: application/json.")},
+    422: {"description": "The JSON is malformed, or the `image` field is missing or not a string."},
+}
+
+
+# --------------------------------------------------------------------------
+# Request body size limit
+# --------------------------------------------------------------------------
+
+def _body_too_large_message(limit: int) -> dict:
+    return {"error": "body_too_large",
+            "message": f"The request body is larger than the {limit} byte limit "
+                       f"(an image may be at most {food11.MAX_IMAGE_BYTES} bytes before base64)."}
+
+
+def _new_body_too_large():
+    from starlette.exceptions import HTTPException
+
+    class BodyTooLarge(HTTPException):
+        def __init__(self):
+            super().__init__(status_code=413, detail="body_too_large")
+
+    return BodyTooLarge
+
+
+class BodySizeLimit:
+    """ASGI middleware: answer 413 (JSON) to a request body over ``max_bytes``.
+
+    A declared ``Content-Length`` over the limit is refused before a byte of
+    the body is read; a chunked body is counted as it arrives and refused as
+    soon as it passes the limit. Either way the server never holds more than
+    ``max_bytes`` of one request in memory."""
+
+    def __init__(self, app, max_bytes: int = MAX_BODY_BYTES_DEFAULT):
+        self.app = app
+        self.max_bytes = int(max_bytes)
+        self.too_large = _new_body_too_large()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = None
+        for key, value in scope.get("headers", ()):
+            if key == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = None
+        if declared is not None and declared > self.max_bytes:
+            await self._send_413(send)
+            return
+
+        received = 0
+        started = False
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise self.too_large()
+            return message
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except self.too_large:
+            if started:
+                raise
+            await self._send_413(send)
+
+    async def _send_413(self, send):
+        body = json.dumps(_body_too_large_message(self.max_bytes)).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+# --------------------------------------------------------------------------
+# Errors → JSON responses
+# --------------------------------------------------------------------------
+
+def _is_json_content_type(value: str | None) -> bool:
+    if not value:
+        return False
+    mime = value.split(";", 1)[0].strip().lower()
+    return mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json"))
+
+
+def _validation_message(errors: list[dict]) -> str:
+    """One sentence for a student, from pydantic's error list."""
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        kind = err.get("type", "")
+        field = ".".join(loc)
+        if kind == "json_invalid":
+            return "The request body is not valid JSON. Send {\"image\": \"<base64 JPEG/PNG>\"}."
+        if kind == "missing" and not loc:
+            return "The request body is empty. Send JSON like {\"image\": \"<base64 JPEG/PNG>\"}."
+        if kind == "missing":
+            return f"The field '{field}' is required. Send JSON like {{\"image\": \"<base64 JPEG/PNG>\"}}."
+        if kind in ("string_type", "str_type"):
+            return f"The field '{field}' must be a string (the base64-encoded image)."
+        if kind in ("model_type", "model_attributes_type", "dict_type") or not loc:
+            return "The request body must be a JSON object like {\"image\": \"<base64 JPEG/PNG>\"}."
+    first = errors[0] if errors else {}
+    return f"Invalid request: {first.get('msg', 'validation failed')}."
+
+
+def install_error_handlers(app) -> None:
+    """Map every client mistake to a JSON 4xx ``{"error": code, "message": ...}``.
+
+    * ``food11.ImageDecodeError`` (bad base64, not an image, truncated, too
+      many bytes/pixels) → its own ``status`` (400 or 413);
+    * a non-JSON body → 415; malformed JSON, missing field, wrong type → 422
+      (the body keeps FastAPI's ``detail`` list, without echoing the input);
+    * the body-size limit → 413;
+    * anything unexpected → 500 ``internal_error``, logged with its traceback.
+    """
+    from fastapi import Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    @app.exception_handler(food11.ImageDecodeError)
+    async def image_error(request: Request, exc: food11.ImageDecodeError):
+        return JSONResponse({"error": exc.code, "message": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        errors = list(exc.errors())
+        # FastAPI hands a body that is not declared as JSON to validation as
+        # raw bytes; say what is really wrong (415) instead of "Input should be
+        # a valid dictionary". An empty body stays a 422 ("body is empty").
+        content_type = request.headers.get("content-type")
+        body_sent = not any(e.get("type") == "missing" and tuple(e.get("loc", ())) == ("body",) for e in errors)
+        if body_sent and request.method in ("POST", "PUT", "PATCH") and not _is_json_content_type(content_type):
+            sent = f"was sent as {content_type.split(';')[0].strip()}" if content_type else "has no Content-Type"
+            return JSONResponse(
+                {"error": "unsupported_media_type",
+                 "message": f"The request body {sent}; send JSON with Content-Type: "
+                            "application/json, like {\"image\": \"<base64 JPEG/PNG>\"}."},
+                status_code=415,
+            )
+        detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+                  for e in errors]
+        return JSONResponse(
+            {"error": "invalid_request", "message": _validation_message(errors), "detail": detail},
+            status_code=422,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 413:
+            body = _body_too_large_message(MAX_BODY_BYTES)
+        else:
+            body = {"error": f"http_{exc.status_code}", "message": str(exc.detail), "detail": exc.detail}
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception):
+        log.exception("unexpected error while serving %s %s", request.method, request.url.path)
+        return JSONResponse({"error": "internal_error", "message": "The server failed; see its log."},
+                            status_code=500)

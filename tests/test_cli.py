@@ -1,0 +1,43 @@
+"""Every `python -m servelab` subcommand answers --help."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from servelab import cli
+
+
+def _commands(parser: argparse.ArgumentParser, prefix=()):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*prefix, name)
+                yield from _commands(sub, (*prefix, name))
+
+
+ALL = list(_commands(cli.build_parser()))
+
+
+def test_expected_commands_registered():
+    names = {c[0] for c in ALL}
+    assert {"models", "samples"} <= names
+    assert ("models", "build") in ALL
+
+
+@pytest.mark.parametrize("command", ALL, ids=" ".join)
+def test_help(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([*command, "--help"])
+    assert e.value.code == 0
+    assert "usage: servelab" in capsys.readouterr().out
+
+
+def test_module_entry_point_and_bad_command():
+    ok = subprocess.run([sys.executable, "-m", "servelab", "--help"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "models" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "servelab", "no-such-command"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr

@@ -1,0 +1,104 @@
+"""servelab.models: demo weights, export parity, trained weights, idempotent builds."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from servelab import food11, models, paths
+
+
+def test_artifacts_placed_with_stamps(built_models):
+    for target in (*paths.PTH_TARGETS, *paths.ONNX_TARGETS):
+        assert target.is_file(), target
+        stamp = json.loads(target.with_name(target.name + ".json").read_text())
+        assert stamp["weights_kind"] == "demo"
+        assert food11.weights_kind(target) == "demo"
+
+
+def test_onnx_io_contract(built_models):
+    import onnx
+
+    m = onnx.load(str(paths.ONNX_TARGETS[1]))
+    (inp,), (out,) = m.graph.input, m.graph.output
+    assert inp.name == "input" and out.name == "output"
+    dims = lambda v: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]  # noqa: E731
+    assert dims(inp)[1:] == [3, 224, 224] and isinstance(dims(inp)[0], str)  # dynamic batch
+    assert dims(out)[1:] == [11] and isinstance(dims(out)[0], str)
+    assert inp.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+
+
+def test_export_parity_recomputed(built_models):
+    import torch
+
+    model = torch.load(paths.PTH_TARGETS[0], weights_only=False)
+    model.eval()
+    diff = models.parity(model, paths.ONNX_TARGETS[0], batch=4, seed=5)
+    print(f"ORT vs PyTorch max abs diff: {diff:.2e}")
+    assert diff <= models.PARITY_TOLERANCE
+    assert built_models.parity_max_abs_diff <= models.PARITY_TOLERANCE
+
+
+def test_demo_predictions_differ_across_samples(built_models, sample_paths):
+    labels = {models.predict_each(p)["food11.onnx (ONNX Runtime)"].label for p in sample_paths}
+    assert len(labels) >= 3, f"demo weights label everything alike: {labels}"
+
+
+def test_second_build_does_no_work(built_models):
+    lines = []
+    result = models.build(log=lines.append)
+    assert result.skipped and result.copied == []
+    assert any("nothing to rebuild" in line for line in lines)
+
+
+def test_trained_weights_in_both_formats(tmp_path):
+    import torch
+
+    torch.manual_seed(0)
+    net = models.new_mobilenet_v2().eval()
+    full, state = tmp_path / "full.pth", tmp_path / "state.pth"
+    torch.save(net, full)
+    torch.save({"state_dict": {f"module.{k}": v for k, v in net.state_dict().items()}}, state)
+    x = torch.from_numpy(np.random.default_rng(0).normal(size=(2, 3, 224, 224)).astype(np.float32))
+    with torch.no_grad():
+        ref = net(x)
+    for src in (full, state, state.as_uri()):
+        loaded = models.load_trained(str(src))
+        with torch.no_grad():
+            assert torch.allclose(loaded(x), ref)
+    out = tmp_path / "out"
+    res = models.build(weights=str(state), out_dir=out, place=False, log=lambda *a: None)
+    assert res.weights_kind == "trained" and not res.skipped
+    assert json.loads((out / "build.json").read_text())["weights_kind"] == "trained"
+    assert models.build(weights=str(state), out_dir=out, place=False, log=lambda *a: None).skipped
+
+
+def test_wrong_head_gives_a_clear_error(tmp_path):
+    import torch
+    import torchvision
+
+    imagenet = torchvision.models.mobilenet_v2(weights=None)  # 1000 classes
+    sd, full = tmp_path / "imagenet_sd.pth", tmp_path / "imagenet_full.pth"
+    torch.save(imagenet.state_dict(), sd)
+    torch.save(imagenet, full)
+    with pytest.raises(models.WeightsError, match=r"Linear\(1280, 11\).*classifier\.1\.weight: got \(1000, 1280\)"):
+        models.load_trained(str(sd))
+    with pytest.raises(models.WeightsError, match=r"outputs shape \(1, 1000\)"):
+        models.load_trained(str(full))
+    junk = tmp_path / "junk.pth"
+    junk.write_bytes(b"not a checkpoint")
+    with pytest.raises(models.WeightsError, match="not a PyTorch checkpoint"):
+        models.load_trained(str(junk))
+    with pytest.raises(models.WeightsError, match="no such file"):
+        models.load_trained(str(tmp_path / "missing.pth"))
+
+
+def test_cli_build_reports_wrong_weights(tmp_path, capsys):
+    from servelab.cli import main
+
+    junk = tmp_path / "junk.pth"
+    junk.write_bytes(b"nope")
+    assert main(["models", "build", "--weights", str(junk)]) == 2
+    assert "not a PyTorch checkpoint" in capsys.readouterr().err
