@@ -176,6 +176,7 @@ def main(argv=None) -> int:
     ap.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
     args = ap.parse_args(argv)
 
+    args.pth, args.onnx = args.pth.resolve(), args.onnx.resolve()  # the servers run in their own folders
     for p in (args.pth, args.onnx):
         serving.require_model_file(p)
     image_path = args.image or next(p for p in paths.sample_images() if p.suffix.lower() in (".jpg", ".jpeg"))

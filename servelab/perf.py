@@ -192,7 +192,12 @@ def install_shim(names: Sequence[str] = BINARIES) -> list[str]:
             # Copy first, then swap the shim in atomically: a concurrent run
             # of perf_analyzer finds either the binary or the shim, never nothing.
             tmp_real = libs / f".{name}.{os.getpid()}"
-            shutil.copy2(path, tmp_real)
+            if tmp_real.exists():
+                tmp_real.unlink()
+            try:
+                os.link(path, tmp_real)  # same file system: no second 20 MB copy
+            except OSError:
+                shutil.copy2(path, tmp_real)
             os.replace(tmp_real, real)
         elif not _is_elf(real):
             continue  # this binary is not installed at all (e.g. perf_client)

@@ -356,3 +356,32 @@ class TritonGRPCTarget(Target):
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "url": self.url, "model": self.model,
                 "version": self.version, "payloads": len(self.payloads)}
+
+
+def grpc_target(url: str, model: str, version: str | int | None = None,
+                images: Sequence[bytes | str | Path] | None = None, timeout: float = 30.0,
+                seed: int = 0) -> TritonGRPCTarget:
+    """Like ``triton_target`` over gRPC; the metadata comes from the gRPC API."""
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        meta = client.get_model_metadata(model, "" if version is None else str(version), as_json=True)
+    finally:
+        client.close()
+    ins, outs = meta["inputs"], [o["name"] for o in meta.get("outputs", [])]
+    if len(ins) != 1:
+        raise ValueError(f"{model} has {len(ins)} inputs; build the payloads yourself")
+    spec = ins[0]
+    shape = [int(d) for d in spec["shape"]]
+    dims = shape[1:] if shape and shape[0] == -1 else shape
+    kw = dict(version=version, timeout=timeout)
+    if spec["datatype"] == "BYTES":
+        return TritonGRPCTarget.for_images(url, model, images, spec["name"], outs, **kw)
+    if spec["datatype"] == "FP32" and dims == [3, 224, 224]:
+        return TritonGRPCTarget.for_tensors(url, model, None, spec["name"], outs, **kw)
+    dtype = _TRITON_TO_NP.get(spec["datatype"])
+    if dtype is None or any(d < 0 for d in dims):
+        raise ValueError(f"cannot make data for input {spec['name']} {spec['datatype']} {dims}")
+    rng = np.random.default_rng(seed)
+    payloads = [[(spec["name"], spec["datatype"], [1, *dims], rng.random(dims).astype(dtype))] for _ in range(4)]
+    return TritonGRPCTarget(url, model, payloads, outs, **kw)

@@ -44,7 +44,9 @@ class TritonPythonModel:
         self.inputs = [(i["name"], pb_utils.triton_string_to_numpy(i["data_type"])) for i in config["input"]]
         self.outputs = [(o["name"], pb_utils.triton_string_to_numpy(o["data_type"])) for o in config["output"]]
 
-        filename = config.get("default_model_filename") or "model.onnx"
+        # servelab records the ONNX file name here (default_model_filename is model.py).
+        parameters = config.get("parameters") or {}
+        filename = (parameters.get("servelab_onnx_file") or {}).get("string_value") or "model.onnx"
         path = os.path.join(args["model_repository"], args["model_version"], filename)
 
         # Instances share the CPU cores: give each an equal slice, so two

@@ -1,0 +1,182 @@
+"""PNG plots of bench results (matplotlib, no display needed).
+
+Each function takes results, draws one figure, saves it when ``path`` is
+given and returns the ``Figure`` (a notebook displays it inline). Figures
+are built with ``matplotlib.figure.Figure`` directly, never ``pyplot``, so
+nothing depends on a GUI backend and nothing is left open.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from matplotlib.figure import Figure
+
+from servelab.bench import stats
+from servelab.bench.load import Result
+
+PHASE_COLORS = {"queue": "#d62728", "compute_input": "#9467bd", "compute_infer": "#1f77b4",
+                "compute_output": "#17becf", "client + network": "#bbbbbb"}
+
+
+def _finish(fig: Figure, path: str | Path | None) -> Figure:
+    fig.tight_layout()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def _concurrency(r: Result) -> int:
+    return int(r.pattern.get("concurrency", 1))
+
+
+def latency_vs_concurrency(series: Mapping[str, Sequence[Result]], path=None,
+                           percentiles=(50, 95, 99), title="Latency vs concurrency") -> Figure:
+    """One line per (configuration, percentile); x = closed-loop clients."""
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
+    styles = {50: "-o", 90: "-.^", 95: "--s", 99: ":x"}
+    for i, (name, results) in enumerate(series.items()):
+        rs = sorted(results, key=_concurrency)
+        xs = [_concurrency(r) for r in rs]
+        for p in percentiles:
+            ax.plot(xs, [r.latency[f"p{p}_ms"] for r in rs], styles.get(p, "-o"), color=f"C{i}",
+                    label=f"{name} p{p}")
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _finish(fig, path)
+
+
+def throughput_vs_concurrency(series: Mapping[str, Sequence[Result]], path=None,
+                              title="Throughput vs concurrency") -> Figure:
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
+    for i, (name, results) in enumerate(series.items()):
+        rs = sorted(results, key=_concurrency)
+        ax.plot([_concurrency(r) for r in rs], [r.throughput for r in rs], "-o", color=f"C{i}", label=name)
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("requests / s")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _finish(fig, path)
+
+
+def latency_cdf(results: Sequence[Result], path=None, title="Latency CDF", log_x: bool = False) -> Figure:
+    """Empirical CDFs of successful-request latency, overlaid."""
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
+    for i, r in enumerate(results):
+        xs, ys = stats.cdf(r.latencies_ms)
+        if len(xs):
+            ax.step(xs, ys, where="post", color=f"C{i % 10}", label=r.label)
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("fraction of requests")
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_ylim(0, 1.01)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _finish(fig, path)
+
+
+def queue_vs_compute(results: Sequence[Result], path=None, title="Where a request's time goes") -> Figure:
+    """Stacked bars per run: Triton queue, compute input/infer/output, and the
+    rest of the client's mean latency (HTTP, network, client)."""
+    rs = [r for r in results if r.server and r.server.get("per_request_ms")]
+    fig = Figure(figsize=(max(6, 0.9 * len(rs) + 2), 4.4))
+    ax = fig.add_subplot()
+    xs = range(len(rs))
+    bottoms = [0.0] * len(rs)
+    for phase in ("queue", "compute_input", "compute_infer", "compute_output", "client + network"):
+        vals = []
+        for r in rs:
+            pr = r.server["per_request_ms"]
+            if phase == "client + network":
+                server = sum(pr.get(p, 0.0) for p in ("queue", "compute_input", "compute_infer", "compute_output"))
+                vals.append(max(0.0, r.latency["mean_ms"] - server))
+            else:
+                vals.append(pr.get(phase, 0.0))
+        ax.bar(xs, vals, bottom=bottoms, color=PHASE_COLORS[phase], label=phase)
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([r.label for r in rs], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("mean time per request (ms)")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+    return _finish(fig, path)
+
+
+def batch_histogram(results: Sequence[Result], path=None, title="Batch sizes Triton executed") -> Figure:
+    """Grouped bars: executions per batch size, one colour per run."""
+    rs = [r for r in results if r.server and r.server.get("batch_histogram")]
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
+    sizes = sorted({int(b) for r in rs for b in r.server["batch_histogram"]}) or [1]
+    width = 0.8 / max(1, len(rs))
+    for i, r in enumerate(rs):
+        h = {int(k): v for k, v in r.server["batch_histogram"].items()}
+        total = sum(h.values()) or 1
+        ax.bar([b + (i - (len(rs) - 1) / 2) * width for b in sizes],
+               [h.get(b, 0) / total for b in sizes], width=width, color=f"C{i % 10}",
+               label=f"{r.label} (mean {stats.weighted_mean(h):.2f})")
+    ax.set_xticks(sizes)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("fraction of executions")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+    return _finish(fig, path)
+
+
+def utilization(results: Sequence[Result], path=None, series: str = "CPU",
+                title: str | None = None) -> Figure:
+    """Utilization over each run's time (CPU or GPU from Triton's metrics).
+
+    ``series="GPU"`` plots every GPU series; anything else names one series.
+    """
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
+    for i, r in enumerate(results):
+        u = r.utilization or {}
+        for name, vals in (u.get("series") or {}).items():
+            if name == series or (series == "GPU" and name.startswith("GPU")):
+                ax.plot(u["t"], [v * 100 for v in vals], "-", color=f"C{i % 10}",
+                        label=f"{r.label}" + (f" {name}" if series == "GPU" else ""))
+    ax.set_xlabel("seconds into the run")
+    ax.set_ylabel(f"{series} utilization (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title(title or f"{series} utilization during each run")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _finish(fig, path)
+
+
+def predicted_vs_measured(comparisons: Sequence, path=None, title="Queueing model vs measurement") -> Figure:
+    """Paired bars per case with the gap printed above; takes ``queueing.Comparison``."""
+    fig = Figure(figsize=(max(6, 1.0 * len(comparisons) + 2), 4.4))
+    ax = fig.add_subplot()
+    xs = list(range(len(comparisons)))
+    ax.bar([x - 0.2 for x in xs], [c.predicted_ms for c in comparisons], 0.4, color="#aaaaaa", label="predicted")
+    ax.bar([x + 0.2 for x in xs], [c.measured_ms for c in comparisons], 0.4, color="C0", label="measured")
+    for x, c in zip(xs, comparisons):
+        g = c.gap_pct
+        if not math.isnan(g):
+            ax.annotate(f"{g:+.0f}%", (x, max(c.predicted_ms, c.measured_ms)), ha="center",
+                        va="bottom", fontsize=8)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([c.case for c in comparisons], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("mean latency (ms)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    return _finish(fig, path)

@@ -1,0 +1,519 @@
+"""`servelab doctor`: an instructor's pre-flight check of a Docker host.
+
+Run it on the node (or a CPU-only Docker host with ``--cpu``) before class.
+It prints one row per check -- PASS, WARN, FAIL or SKIP -- with the fix for
+anything that is not a pass, and exits 1 when any check FAILs:
+
+* Docker engine reachable, Compose v2 plugin recent enough for the overrides;
+* NVIDIA container toolkit registered with Docker;
+* GPUs visible (count, compute capability, driver), and whether the versions
+  this kit pins (Triton image, torch wheels, onnxruntime-gpu) support them --
+  the pins are read from the Dockerfiles and requirements files themselves;
+* the stack's host ports free, disk space for the images;
+* model artifacts built (and loadable by Triton 24.10's ONNX Runtime);
+* the Triton image tags pinned and pulled; docker/.env holding the secrets.
+
+Every probe goes through a :class:`Host` (a PATH, a command runner), so the
+tests drive each check both ways with stand-in executables on a PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from servelab import compose, paths
+
+PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+
+MIN_COMPOSE = (2, 24, 0)  # the CPU overrides use `!reset` (Compose 2.24+)
+DEFAULT_MIN_FREE_GB = 40.0  # Triton (~15 GB) + SDK (~13 GB) + torch/ORT images (~8 GB)
+STACK_PORTS = {  # host ports each Compose stack publishes
+    "fastapi": (80, 8000, 8888),
+    "triton": (80, 8000, 8001, 8002, 8888),
+}
+# ONNX Runtime 1.19.2 (inside Triton 24.10) reads ONNX IR <= 10, default-domain opset <= 21.
+ONNX_MAX_IR, ONNX_MAX_OPSET = 10, 21
+# Data-center driver branches that run CUDA 12.6 containers through forward compatibility.
+DATACENTER_COMPAT_BRANCHES = (470, 525, 535, 545)
+TRITON_MIN_DRIVER = 560
+
+
+@dataclass
+class Result:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class Gpu:
+    index: int
+    name: str
+    capability: tuple[int, int]
+    driver: str
+
+
+class Host:
+    """Where the checks look: a PATH for executables and a command runner."""
+
+    def __init__(self, path: str | None = None, timeout: float = 20.0):
+        self.path = os.environ.get("PATH", "") if path is None else path
+        self.timeout = timeout
+
+    def which(self, exe: str) -> str | None:
+        return shutil.which(exe, path=self.path)
+
+    def run(self, *cmd: str) -> tuple[int, str]:
+        """(exit code, stdout+stderr); 127 when the program is missing."""
+        exe = self.which(cmd[0])
+        if exe is None:
+            return 127, f"{cmd[0]}: not found"
+        env = dict(os.environ, PATH=self.path)
+        try:
+            p = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True,
+                               timeout=self.timeout, env=env, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return 124, f"{' '.join(cmd)}: no answer within {self.timeout:.0f} s"
+        return p.returncode, (p.stdout + p.stderr).strip()
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+# --------------------------------------------------------------------------
+# Docker engine, Compose plugin, NVIDIA container toolkit
+# --------------------------------------------------------------------------
+
+def check_docker(host: Host) -> Result:
+    name = "Docker engine"
+    if host.which("docker") is None:
+        return Result(name, FAIL, "docker CLI not found on PATH",
+                      "install Docker Engine (notebook 2_create_server_nvidia does it on the node)")
+    rc, out = host.run("docker", "info", "--format", "{{.ServerVersion}}")
+    if rc != 0 or not out:
+        return Result(name, FAIL, f"docker CLI found, engine not reachable: {_first_line(out)}",
+                      "sudo systemctl start docker; add yourself to the docker group: "
+                      "sudo usermod -aG docker $USER, then log in again")
+    return Result(name, PASS, f"engine {_first_line(out)}")
+
+
+def parse_version(text: str) -> tuple[int, ...] | None:
+    m = re.search(r"(\d+)\.(\d+)\.(\d+)", text)
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def check_compose(host: Host) -> Result:
+    name = "Compose v2 plugin"
+    need = ".".join(map(str, MIN_COMPOSE))
+    fix = "install the docker-compose-plugin package (Docker's apt repository)"
+    if host.which("docker") is None:
+        return Result(name, FAIL, "needs the docker CLI (not found)", fix)
+    rc, out = host.run("docker", "compose", "version")  # "Docker Compose version v2.40.3"
+    version = parse_version(out) if rc == 0 else None
+    if version is None:
+        return Result(name, FAIL, f"`docker compose` does not run: {_first_line(out)}", fix)
+    if version < MIN_COMPOSE:
+        return Result(name, FAIL, f"Compose {'.'.join(map(str, version))} < {need} "
+                      "(the CPU overrides use `!reset`)", fix)
+    return Result(name, PASS, f"Compose {'.'.join(map(str, version))}")
+
+
+def check_nvidia_runtime(host: Host, cpu: bool = False) -> Result:
+    name = "NVIDIA container toolkit"
+    if cpu:
+        return Result(name, SKIP, "not needed with the CPU override (--cpu)")
+    fix = ("install nvidia-container-toolkit, then: sudo nvidia-ctk runtime configure --runtime=docker "
+           "&& sudo systemctl restart docker")
+    hook = host.which("nvidia-container-runtime-hook") or host.which("nvidia-ctk")
+    if hook is None:
+        return Result(name, FAIL, "nvidia-container-toolkit not installed (no nvidia-ctk on PATH)", fix)
+    rc, out = host.run("docker", "info", "--format", "{{json .Runtimes}}")
+    if rc != 0:
+        return Result(name, WARN, "toolkit installed; Docker's runtimes unknown (engine not reachable)", fix)
+    if '"nvidia"' not in out:
+        return Result(name, WARN, "toolkit installed but not registered as a Docker runtime", fix)
+    return Result(name, PASS, "nvidia runtime registered with Docker")
+
+
+# --------------------------------------------------------------------------
+# GPUs and the pinned versions' support for them
+# --------------------------------------------------------------------------
+
+def query_gpus(host: Host) -> tuple[list[Gpu] | None, str]:
+    """GPUs from nvidia-smi, or (None, why) when it cannot tell."""
+    rc, out = host.run("nvidia-smi", "--query-gpu=index,name,compute_cap,driver_version",
+                       "--format=csv,noheader")
+    if rc != 0:
+        return None, _first_line(out) or f"nvidia-smi exited {rc}"
+    gpus = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4 or not parts[0].isdigit():
+            continue
+        major, _, minor = parts[2].partition(".")
+        try:
+            cap = (int(major), int(minor or 0))
+        except ValueError:
+            continue
+        gpus.append(Gpu(int(parts[0]), parts[1], cap, parts[3]))
+    return gpus, ""
+
+
+@dataclass
+class Pins:
+    triton_tag: str | None = None       # e.g. "24.10" from docker/Dockerfile.triton
+    sdk_tag: str | None = None          # e.g. "24.10" from docker-compose-triton.yaml
+    torch_indexes: tuple[str, ...] = ()  # TORCH_INDEX_URL defaults of the torch images
+    ort_gpu: str | None = None          # onnxruntime-gpu pin of fastapi_onnx
+
+
+def read_pins(repo: Path) -> Pins:
+    pins = Pins()
+    tri = _read(repo / "docker" / "Dockerfile.triton")
+    m = re.search(r"^FROM\s+nvcr\.io/nvidia/tritonserver:(\d\d\.\d\d)-py3\s*$", tri, re.M)
+    pins.triton_tag = m.group(1) if m else None
+    m = re.search(r"tritonserver:(\d\d\.\d\d)-py3-sdk", _read(repo / "docker" / "docker-compose-triton.yaml"))
+    pins.sdk_tag = m.group(1) if m else None
+    indexes = []
+    for dockerfile in (repo / "docker" / "Dockerfile.triton", repo / "fastapi_pt" / "Dockerfile"):
+        m = re.search(r"^ARG\s+TORCH_INDEX_URL=(\S+)", _read(dockerfile), re.M)
+        if m:
+            indexes.append(m.group(1))
+    pins.torch_indexes = tuple(indexes)
+    m = re.search(r"^onnxruntime-gpu==([\d.]+)", _read(repo / "fastapi_onnx" / "requirements.txt"), re.M)
+    pins.ort_gpu = m.group(1) if m else None
+    return pins
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _vtuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def pin_requirements(pins: Pins) -> list[tuple[str, tuple[int, int]]]:
+    """(pinned thing, lowest compute capability it runs on), from the facts
+    gathered for this kit (wheel and container release notes)."""
+    reqs: list[tuple[str, tuple[int, int]]] = []
+    if pins.triton_tag:  # facts: 24.x support cc 6.0 (24.12 is the last); 25.01+ need 7.5
+        reqs.append((f"Triton {pins.triton_tag}", (6, 0) if pins.triton_tag <= "24.12" else (7, 5)))
+    for url in pins.torch_indexes:
+        flavour = url.rstrip("/").rsplit("/", 1)[-1]
+        if flavour == "cpu":
+            continue
+        cuda = {"cu118": (3, 7), "cu121": (5, 0), "cu124": (5, 0), "cu126": (5, 0)}
+        reqs.append((f"torch wheels {flavour}", cuda.get(flavour, (7, 5))))  # cu128/cu130: sm_75+
+    if pins.ort_gpu:  # 1.19-1.26: CUDA 12 with sm_60; 1.27+: CUDA 13, sm_75+
+        reqs.append((f"onnxruntime-gpu {pins.ort_gpu}", (6, 0) if _vtuple(pins.ort_gpu) < (1, 27) else (7, 5)))
+    return reqs
+
+
+def driver_ok(driver: str) -> bool:
+    major = _vtuple(driver)[:1]
+    return bool(major) and (major[0] >= TRITON_MIN_DRIVER or major[0] in DATACENTER_COMPAT_BRANCHES)
+
+
+def check_gpus(host: Host, pins: Pins, cpu: bool = False) -> list[Result]:
+    """GPUs visible, and whether the pins and the driver support them."""
+    if cpu:
+        return [Result("NVIDIA GPUs", SKIP, "not needed with the CPU override (--cpu)")]
+    gpus, why = query_gpus(host)
+    fix_none = ("use a Chameleon gpu_p100 node with the CC-Ubuntu24.04-CUDA image; on a host "
+                "without NVIDIA GPUs run `servelab doctor --cpu` and add the *.cpu.yaml override")
+    if gpus is None:
+        return [Result("NVIDIA GPUs", FAIL, f"no NVIDIA GPU visible: {why}", fix_none)]
+    if not gpus:
+        return [Result("NVIDIA GPUs", FAIL, "nvidia-smi lists no GPU", fix_none)]
+    seen = ", ".join(f"{g.index}: {g.name} (cc {g.capability[0]}.{g.capability[1]})" for g in gpus)
+    results = [Result("NVIDIA GPUs", PASS if len(gpus) >= 2 else WARN, f"{len(gpus)} GPU(s): {seen}",
+                      "" if len(gpus) >= 2 else "the lab's multi-GPU instance-group steps expect 2 GPUs "
+                      "(gpus: [0, 1]); with one, keep gpus: [0]")]
+    bad = [(what, need) for what, need in pin_requirements(pins) if any(g.capability < need for g in gpus)]
+    if bad:
+        lowest = min(g.capability for g in gpus)
+        detail = "; ".join(f"{what} needs cc >= {need[0]}.{need[1]}" for what, need in bad)
+        results.append(Result("Pins support these GPUs", WARN,
+                              f"{detail} (lowest here: {lowest[0]}.{lowest[1]})",
+                              "for a P100 keep Triton <= 24.12, torch from the cu126 index, "
+                              "onnxruntime-gpu <= 1.26"))
+    else:
+        what = ", ".join(w for w, _ in pin_requirements(pins)) or "no GPU pins found"
+        results.append(Result("Pins support these GPUs", PASS, what))
+    driver = gpus[0].driver
+    if driver_ok(driver):
+        results.append(Result("NVIDIA driver", PASS, f"{driver} (Triton 24.10 needs >= {TRITON_MIN_DRIVER} "
+                              "or data-center R470/R525/R535/R545)"))
+    else:
+        results.append(Result("NVIDIA driver", FAIL, f"{driver} is too old for CUDA 12.6 containers",
+                              "install nvidia-driver-560 or newer (CC-Ubuntu24.04-CUDA ships it)"))
+    return results
+
+
+# --------------------------------------------------------------------------
+# Ports, disk, artifacts, images, secrets
+# --------------------------------------------------------------------------
+
+def port_in_use(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
+    """True when something accepts connections on ``host:port``. Connecting
+    (not binding) needs no privileges, so port 80 is checked as any other."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        return s.connect_ex((host, port)) == 0
+
+
+def check_ports(ports: Iterable[int]) -> Result:
+    ports = sorted(set(ports))
+    busy = [p for p in ports if port_in_use(p)]
+    if busy:
+        return Result("Host ports free", FAIL, f"in use: {', '.join(map(str, busy))} (needed: "
+                      f"{', '.join(map(str, ports))})",
+                      "stop what listens there (sudo ss -ltnp); a stack already up? "
+                      "docker compose -f docker/docker-compose-<stack>.yaml down")
+    return Result("Host ports free", PASS, ", ".join(map(str, ports)))
+
+
+def check_disk(path: Path, min_free_gb: float) -> Result:
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free_gb = shutil.disk_usage(probe).free / 1e9
+    detail = f"{free_gb:.1f} GB free at {probe} (need {min_free_gb:.0f} GB)"
+    if free_gb < min_free_gb:
+        return Result("Disk space", FAIL, detail, "free space or move Docker's data-root to a bigger disk "
+                      "(docker system prune removes unused images)")
+    return Result("Disk space", PASS, detail)
+
+
+def docker_root(host: Host) -> Path:
+    rc, out = host.run("docker", "info", "--format", "{{.DockerRootDir}}")
+    return Path(out.strip()) if rc == 0 and out.strip().startswith("/") else Path("/var/lib/docker")
+
+
+def artifact_paths(repo: Path, stacks: Sequence[str]) -> list[Path]:
+    wanted = []
+    for target in (*paths.PTH_TARGETS, *paths.ONNX_TARGETS):
+        rel = target.relative_to(paths.REPO_ROOT)
+        in_staging = rel.parts[0] == "models_staging"
+        if ("triton" in stacks and in_staging) or ("fastapi" in stacks and not in_staging):
+            wanted.append(repo / rel)
+    return wanted
+
+
+def check_artifacts(repo: Path, stacks: Sequence[str]) -> Result:
+    wanted = artifact_paths(repo, stacks)
+    missing = [str(p.relative_to(repo)) for p in wanted if not p.is_file()]
+    if missing:
+        return Result("Model artifacts", FAIL, f"missing: {', '.join(missing)}",
+                      "make models   (or .venv/bin/python -m servelab models build)")
+    return Result("Model artifacts", PASS, f"{len(wanted)} built")
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def onnx_versions(data: bytes) -> tuple[int | None, int | None]:
+    """(IR version, default-domain opset) of a serialized ONNX ModelProto,
+    read from its top-level fields without the onnx package."""
+    ir = opset = None
+    i = 0
+    try:
+        while i < len(data):
+            key, i = _varint(data, i)
+            field, wire = key >> 3, key & 7
+            if wire == 0:
+                value, i = _varint(data, i)
+                if field == 1:
+                    ir = value
+            elif wire == 2:
+                size, i = _varint(data, i)
+                if field == 8:  # OperatorSetIdProto {1: domain, 2: version}
+                    domain, version = _opset_entry(data[i:i + size])
+                    if domain in ("", "ai.onnx"):
+                        opset = version
+                i += size
+            elif wire == 1:
+                i += 8
+            elif wire == 5:
+                i += 4
+            else:
+                break
+    except IndexError:
+        pass
+    return ir, opset
+
+
+def _opset_entry(buf: bytes) -> tuple[str, int | None]:
+    domain, version, i = "", None, 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        if key & 7 == 2:
+            size, i = _varint(buf, i)
+            if key >> 3 == 1:
+                domain = buf[i:i + size].decode(errors="replace")
+            i += size
+        elif key & 7 == 0:
+            value, i = _varint(buf, i)
+            if key >> 3 == 2:
+                version = value
+        else:
+            break
+    return domain, version
+
+
+def check_onnx_compat(repo: Path, stacks: Sequence[str]) -> Result:
+    name = "ONNX model loadable by Triton 24.10"
+    onnx_files = [p for p in artifact_paths(repo, stacks) if p.suffix == ".onnx" and p.is_file()]
+    if not onnx_files:
+        return Result(name, SKIP, "no ONNX artifact built yet (see Model artifacts)")
+    problems = []
+    for p in onnx_files:
+        ir, opset = onnx_versions(p.read_bytes())
+        if ir is None or ir > ONNX_MAX_IR or (opset is not None and opset > ONNX_MAX_OPSET):
+            problems.append(f"{p.relative_to(repo)}: IR {ir}, opset {opset}")
+    if problems:
+        return Result(name, FAIL, "; ".join(problems) + f" (ORT 1.19 reads IR <= {ONNX_MAX_IR}, "
+                      f"opset <= {ONNX_MAX_OPSET})",
+                      "re-export with a lower opset (servelab models build), or lower the file's ir_version")
+    ir, opset = onnx_versions(onnx_files[0].read_bytes())
+    return Result(name, PASS, f"IR {ir}, opset {opset}")
+
+
+def check_images(host: Host, pins: Pins, engine_ok: bool) -> Result:
+    name = "Triton image tags"
+    if not pins.triton_tag or not pins.sdk_tag:
+        return Result(name, FAIL, "no pinned nvcr.io/nvidia/tritonserver:YY.MM-py3 tag found in docker/",
+                      "restore docker/Dockerfile.triton and docker/docker-compose-triton.yaml")
+    if pins.triton_tag != pins.sdk_tag:
+        return Result(name, FAIL, f"server {pins.triton_tag} and SDK {pins.sdk_tag} differ",
+                      "use the same release for tritonserver:*-py3 and *-py3-sdk")
+    images = [f"nvcr.io/nvidia/tritonserver:{pins.triton_tag}-py3",
+              f"nvcr.io/nvidia/tritonserver:{pins.sdk_tag}-py3-sdk"]
+    if not engine_ok:
+        return Result(name, WARN, f"{', '.join(images)}; cannot tell if pulled (no Docker engine)",
+                      "once Docker runs, pull before class: " + " && ".join(f"docker pull {i}" for i in images))
+    missing = [i for i in images if host.run("docker", "image", "inspect", i)[0] != 0]
+    if missing:
+        return Result(name, WARN, f"not pulled yet: {', '.join(missing)} (the first `up` downloads ~13 GB each)",
+                      " && ".join(f"docker pull {i}" for i in missing))
+    return Result(name, PASS, ", ".join(images) + " pulled")
+
+
+def check_env_file(env_file: Path) -> Result:
+    missing = compose.missing_secrets(env_file)
+    if missing:
+        return Result("Secrets in docker/.env", FAIL, f"missing or placeholder: {', '.join(missing)}",
+                      "python -m servelab doctor --write-env   (random values, file mode 0600, git-ignored)")
+    mode = env_file.stat().st_mode & 0o777
+    if mode & 0o077:
+        return Result("Secrets in docker/.env", WARN, f"readable by others (mode {mode:o})", f"chmod 600 {env_file}")
+    return Result("Secrets in docker/.env", PASS, ", ".join(compose.SECRET_NAMES) + " set")
+
+
+# --------------------------------------------------------------------------
+# The whole run
+# --------------------------------------------------------------------------
+
+def run_checks(host: Host | None = None, repo: Path | None = None, cpu: bool = False,
+               stacks: Sequence[str] = ("fastapi", "triton"), min_free_gb: float = DEFAULT_MIN_FREE_GB,
+               env_file: Path | None = None, ports: Iterable[int] | None = None) -> list[Result]:
+    host = host or Host()
+    repo = Path(repo or paths.REPO_ROOT)
+    env_file = env_file or repo / "docker" / ".env"
+    pins = read_pins(repo)
+    results = [check_docker(host), check_compose(host), check_nvidia_runtime(host, cpu=cpu)]
+    engine_ok = results[0].status == PASS
+    results += check_gpus(host, pins, cpu=cpu)
+    results.append(check_ports(ports if ports is not None else [p for s in stacks for p in STACK_PORTS[s]]))
+    results.append(check_disk(docker_root(host) if engine_ok else Path("/var/lib/docker"), min_free_gb))
+    results.append(check_artifacts(repo, stacks))
+    results.append(check_onnx_compat(repo, stacks))
+    results.append(check_images(host, pins, engine_ok))
+    results.append(check_env_file(env_file))
+    return results
+
+
+def format_table(results: Sequence[Result]) -> str:
+    width = max(len(r.name) for r in results)
+    lines = []
+    for r in results:
+        lines.append(f"{r.status:4}  {r.name:<{width}}  {r.detail}")
+        if r.fix and r.status != PASS:
+            lines.append(f"{'':4}  {'':<{width}}  fix: {r.fix}")
+    fails = sum(r.status == FAIL for r in results)
+    warns = sum(r.status == WARN for r in results)
+    lines.append("")
+    lines.append(f"{fails} failed, {warns} warning(s): "
+                 + ("this host is NOT ready for the lab." if fails else "ready for the lab."))
+    return "\n".join(lines)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    env_file = Path(args.env_file) if args.env_file else None
+    if args.write_env:
+        target = env_file or Path(args.repo or paths.REPO_ROOT) / "docker" / ".env"
+        made = compose.write_env_file(target)
+        print(f"{target}: " + (f"generated {', '.join(made)}" if made else "secrets already set"))
+    stacks = ("fastapi", "triton") if args.stack == "all" else (args.stack,)
+    results = run_checks(repo=Path(args.repo) if args.repo else None, cpu=args.cpu, stacks=stacks,
+                         min_free_gb=args.min_free_gb, env_file=env_file)
+    mode = "CPU-only Docker host" if args.cpu else "GPU node"
+    print(f"servelab doctor: pre-flight for the Compose stacks ({mode}, stack: {args.stack})\n")
+    print(format_table(results))
+    return 1 if any(r.status == FAIL for r in results) else 0
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "doctor", help="pre-flight check of a Docker host before class",
+        description="Check a host for the lab's Docker Compose stacks: Docker, Compose, NVIDIA toolkit, "
+                    "GPUs vs pinned versions, ports, disk, model artifacts, Triton images, secrets. "
+                    "Exits 1 if any check fails.")
+    p.add_argument("--cpu", action="store_true",
+                   help="the host has no NVIDIA GPU and will use the *.cpu.yaml overrides")
+    p.add_argument("--stack", choices=("fastapi", "triton", "all"), default="all",
+                   help="which stack's ports and artifacts to check (default: all)")
+    p.add_argument("--min-free-gb", type=float, default=DEFAULT_MIN_FREE_GB,
+                   help=f"disk space the images need (default: {DEFAULT_MIN_FREE_GB:.0f})")
+    p.add_argument("--write-env", action="store_true",
+                   help="first create docker/.env with random JUPYTER_TOKEN and TRITON_ADMIN_KEY "
+                        "(keeps values already set)")
+    p.add_argument("--env-file", help=argparse.SUPPRESS)
+    p.add_argument("--repo", help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_doctor)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m servelab.doctor")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    args = parser.parse_args(["doctor", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""`servelab site`: the whole lab as a static HTML site, from the notebook sources.
+
+    python -m servelab site [--out build/site]
+
+One page per notebook plus an index. Code is highlighted with Pygments; each
+code cell (and each shell block meant for the GPU host) carries a label saying
+where it runs; answer keys stay collapsed in ``<details>``. Everything is
+local: one stylesheet written beside the pages, no scripts, no fonts or assets
+from the network, so the site builds and reads offline.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab import notebooks, paths
+
+DEFAULT_OUT = paths.BUILD_DIR / "site"
+SITE_TITLE = "ServeLab: system-level optimization of model serving"
+
+# Label text and CSS class for each "# runs ..." comment.
+WHERE = {
+    notebooks.RUNS_CHAMELEON_JUPYTER: ("Runs in the Chameleon Jupyter environment", "chameleon"),
+    notebooks.RUNS_NODE: ("Runs on node-serve-system (a terminal on the GPU server)", "node"),
+    notebooks.RUNS_JUPYTER_CONTAINER: ("Runs inside the Jupyter container (or the local Jupyter)", "container"),
+}
+SHORT_WHERE = {
+    notebooks.RUNS_CHAMELEON_JUPYTER: "Chameleon Jupyter environment",
+    notebooks.RUNS_NODE: "node-serve-system",
+    notebooks.RUNS_JUPYTER_CONTAINER: "inside the Jupyter container",
+}
+
+CSS = """
+:root { --fg: #1d2330; --muted: #5b6475; --line: #d8dde6; --bg-code: #f6f8fa; --accent: #2b59c3; }
+* { box-sizing: border-box; }
+body { margin: 0; color: var(--fg); background: #fff; line-height: 1.55;
+       font-family: system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
+main, header.site, footer.site { max-width: 920px; margin: 0 auto; padding: 0 1.25rem; }
+header.site { padding-top: 1rem; border-bottom: 1px solid var(--line); }
+header.site a { color: var(--muted); text-decoration: none; }
+footer.site { border-top: 1px solid var(--line); margin-top: 3rem; padding: 1rem 1.25rem 2rem; color: var(--muted); }
+nav.pager { display: flex; justify-content: space-between; gap: 1rem; margin: 2rem 0 0; }
+a { color: var(--accent); }
+h1, h2, h3 { line-height: 1.25; }
+code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 0.92em; }
+:not(pre) > code { background: var(--bg-code); padding: 0.1em 0.3em; border-radius: 4px; }
+pre { background: var(--bg-code); border: 1px solid var(--line); border-radius: 6px; padding: 0.75rem 1rem;
+      overflow-x: auto; margin: 0; }
+.cell { margin: 1.1rem 0; }
+.runs { display: inline-block; font-size: 0.8rem; font-weight: 600; padding: 0.15rem 0.6rem;
+        border-radius: 6px 6px 0 0; color: #fff; }
+.runs + pre, .runs + .highlight pre { border-top-left-radius: 0; }
+.runs.chameleon { background: #6a4fb3; }
+.runs.node { background: #b35a1f; }
+.runs.container { background: #1f7a4d; }
+table { border-collapse: collapse; margin: 1rem 0; }
+th, td { border: 1px solid var(--line); padding: 0.35rem 0.6rem; text-align: left; vertical-align: top; }
+details { border: 1px solid var(--line); border-left: 4px solid var(--accent); border-radius: 6px;
+          padding: 0.5rem 1rem; margin: 1rem 0; background: #fbfcfe; }
+summary { cursor: pointer; font-weight: 600; }
+.where-list { color: var(--muted); font-size: 0.9rem; }
+ol.notebooks li { margin: 0.6rem 0; }
+"""
+
+
+@dataclass
+class Page:
+    name: str
+    title: str
+    filename: str
+    where: list[str]
+    answer_keys: int
+    code_cells: int
+
+
+def _md():
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("commonmark", {"html": True}).enable("table")
+
+    def fence(self, tokens, idx, options, env):
+        token = tokens[idx]
+        lang = token.info.strip().split()[0] if token.info.strip() else ""
+        return code_block(token.content, lang or "text")
+
+    def link_open(self, tokens, idx, options, env):
+        token = tokens[idx]
+        href = token.attrGet("href") or ""
+        if href.endswith(".ipynb") and "://" not in href:
+            token.attrSet("href", href[: -len(".ipynb")] + ".html")
+        return self.renderToken(tokens, idx, options, env)
+
+    md.add_render_rule("fence", fence)
+    md.add_render_rule("link_open", link_open)
+    return md
+
+
+def _lexer(lang: str):
+    from pygments.lexers import TextLexer, get_lexer_by_name
+    from pygments.util import ClassNotFound
+
+    try:
+        return get_lexer_by_name(lang)
+    except ClassNotFound:
+        return TextLexer()
+
+
+def code_block(source: str, lang: str) -> str:
+    """Highlighted code, with a "runs ..." label when its first line is one."""
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+
+    source = source.rstrip("\n")
+    label = notebooks.runs_label(source)
+    body = highlight(source, _lexer(lang), HtmlFormatter(cssclass="highlight"))
+    if label is None:
+        return f'<div class="cell code">{body}</div>\n'
+    text, css = WHERE[label]
+    return f'<div class="cell code where-{css}"><span class="runs {css}">{html.escape(text)}</span>{body}</div>\n'
+
+
+def _title(nb, fallback: str) -> str:
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            m = re.search(r"^#\s+(.+)$", cell.source, re.M)
+            if m:
+                return m.group(1).strip()
+    return fallback
+
+
+def _layout(title: str, body: str, nav: str = "") -> str:
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        f"<title>{html.escape(title)}</title>\n<link rel=\"stylesheet\" href=\"style.css\">\n</head>\n<body>\n"
+        f"<header class=\"site\"><a href=\"index.html\">{html.escape(SITE_TITLE)}</a></header>\n"
+        f"<main>\n{body}\n{nav}\n</main>\n"
+        "<footer class=\"site\">Rendered from the notebook sources in <code>notebooks/src/</code> "
+        "by <code>python -m servelab site</code>. Open the <code>.ipynb</code> files in Jupyter to run them.</footer>\n"
+        "</body>\n</html>\n"
+    )
+
+
+def render_notebook(nb, md=None) -> tuple[str, list[str], int, int]:
+    """Body HTML of one notebook; also where its code runs, answer keys and code cells counted."""
+    md = md or _md()
+    parts, where, answer_keys, code_cells = [], [], 0, 0
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            rendered = md.render(cell.source)
+            if "answer-key" in cell.metadata.get("tags", []):
+                answer_keys += 1
+                if not rendered.lstrip().startswith("<details"):
+                    rendered = f"<details><summary>Answer key</summary>\n{rendered}</details>\n"
+            for label in notebooks.RUNS_LABELS:
+                if f"<span class=\"runs {WHERE[label][1]}\">" in rendered and label not in where:
+                    where.append(label)
+            parts.append(f'<div class="cell markdown">\n{rendered}</div>')
+        elif cell.cell_type == "code":
+            code_cells += 1
+            label = notebooks.runs_label(cell.source)
+            if label and label not in where:
+                where.append(label)
+            parts.append(code_block(cell.source, "ipython3"))
+    return "\n".join(parts), where, answer_keys, code_cells
+
+
+def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_DIR) -> list[Page]:
+    from pygments.formatters import HtmlFormatter
+
+    items = notebooks.notebooks(source_dir)
+    if not items:
+        raise FileNotFoundError(f"no notebook sources in {source_dir}")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    (out_dir / "style.css").write_text(CSS + HtmlFormatter(style="default").get_style_defs(".highlight"),
+                                       encoding="utf-8")
+    md = _md()
+    built = [(item, notebooks.build_notebook(item.source, item.name)) for item in items]
+    pages = []
+    for i, (item, nb) in enumerate(built):
+        body, where, answer_keys, code_cells = render_notebook(nb, md)
+        title = _title(nb, item.name)
+        prev_link = (f'<a href="{built[i - 1][0].name}.html">&larr; {html.escape(built[i - 1][0].name)}</a>'
+                     if i > 0 else '<a href="index.html">&larr; Index</a>')
+        next_link = (f'<a href="{built[i + 1][0].name}.html">{html.escape(built[i + 1][0].name)} &rarr;</a>'
+                     if i + 1 < len(built) else '<a href="index.html">Index &rarr;</a>')
+        nav = f'<nav class="pager">{prev_link}{next_link}</nav>'
+        filename = f"{item.name}.html"
+        (out_dir / filename).write_text(_layout(title, body, nav), encoding="utf-8")
+        pages.append(Page(item.name, title, filename, where, answer_keys, code_cells))
+    (out_dir / "index.html").write_text(_index(pages), encoding="utf-8")
+    return pages
+
+
+def _index(pages: list[Page]) -> str:
+    rows = []
+    for page in pages:
+        where = ", ".join(SHORT_WHERE[w] for w in page.where) or "reading only"
+        rows.append(
+            f'<li><a href="{page.filename}">{html.escape(page.name)}</a>: {html.escape(page.title)}'
+            f'<div class="where-list">runs: {html.escape(where)}</div></li>'
+        )
+    body = (
+        f"<h1>{html.escape(SITE_TITLE)}</h1>\n"
+        "<p>Serve a Food-11 image classifier with FastAPI, ONNX Runtime and NVIDIA Triton, and measure each step. "
+        "Follow the notebooks in order. Each code block is labelled with where it runs: the Chameleon Jupyter "
+        "environment, a terminal on the GPU server (<code>node-serve-system</code>), or the Jupyter server next to "
+        "the model servers (a container on Chameleon, or the local Jupyter that <code>make up</code> starts).</p>\n"
+        "<p>Without a GPU or Docker, run <code>make demo</code>, then <code>make up</code> and notebooks 4 and 6 "
+        "in the local Jupyter.</p>\n"
+        f'<ol class="notebooks" start="0">\n' + "\n".join(rows) + "\n</ol>"
+    )
+    return _layout(SITE_TITLE, body)
+
+
+# --------------------------------------------------------------------------
+# Command line
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("site", help="render the lab notebooks into a static HTML site (offline)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
+    p.set_defaults(func=_cmd_site)
+
+
+def _cmd_site(args) -> int:
+    try:
+        pages = build_site(args.out)
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(pages)} pages and an index to {args.out}/ (open {args.out / 'index.html'})")
+    return 0

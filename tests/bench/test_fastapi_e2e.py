@@ -1,0 +1,48 @@
+"""servelab.bench against the real FastAPI services (uvicorn on free ports)."""
+
+from __future__ import annotations
+
+import pytest
+
+from servelab import bench, stack
+
+
+@pytest.fixture(scope="module")
+def services(built_models):
+    with stack.running(["fastapi_pt", "fastapi_onnx"], free_ports=True) as s:
+        yield s
+
+
+@pytest.mark.parametrize("name", ["fastapi_pt", "fastapi_onnx"])
+def test_fastapi_closed_loop_counts(services, name):
+    t = bench.FastAPITarget(services.urls[name])
+    r = bench.run(t, bench.closed(4, requests=12))
+    assert r.sent == 12 == r.ok + r.error_count
+    assert r.ok == 12, r.errors
+    assert r.latency["p50_ms"] > 0 and r.throughput > 0
+
+
+def test_fastapi_errors_counted(services):
+    url = services.urls["fastapi_onnx"]
+    # valid JSON, invalid base64 -> 400; missing field -> 422; not JSON -> 4xx
+    bad_b64 = bench.HTTPTarget(url, "/predict", "POST", [b'{"image": "***"}'],
+                               {"Content-Type": "application/json"})
+    r = bench.run(bad_b64, bench.closed(2, requests=6, warmup=0))
+    assert r.sent == 6 and r.ok == 0 and r.errors == {"HTTP 400": 6}
+    missing = bench.HTTPTarget(url, "/predict", "POST", [b"{}"], {"Content-Type": "application/json"})
+    r = bench.run(missing, bench.sequential(3, warmup=0))
+    assert r.errors == {"HTTP 422": 3}
+    # half good, half bad in one run: counted separately, and the service keeps serving
+    good = bench.FastAPITarget(url)
+    mixed = bench.HTTPTarget(url, "/predict", "POST",
+                             [good.requests[0].split(b"\r\n\r\n", 1)[1], b'{"image": "***"}'],
+                             {"Content-Type": "application/json"})
+    r = bench.run(mixed, bench.closed(2, requests=10, warmup=0))
+    assert r.sent == 10 and r.ok == 5 and r.errors == {"HTTP 400": 5}
+
+
+def test_fastapi_open_loop(services):
+    t = bench.FastAPITarget(services.urls["fastapi_onnx"])
+    r = bench.run(t, bench.open_loop(20, "constant", requests=10))
+    assert r.sent == 10 and r.ok == 10, r.errors
+    assert r.late == 0

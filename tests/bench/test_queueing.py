@@ -1,0 +1,56 @@
+"""The queueing model against values worked out by hand."""
+
+import math
+
+import pytest
+
+from servelab.bench import queueing as q
+
+
+def test_closed_loop_little_law():
+    # one instance, 8 clients, 20 ms each: 8 x 20 ms latency, 50 req/s
+    p = q.closed_loop(8, 0.020)
+    assert p["latency_s"] == pytest.approx(0.160) and p["throughput"] == pytest.approx(50)
+    # two instances halve the wait and double throughput (if they do not share cores)
+    p2 = q.closed_loop(8, 0.020, instances=2)
+    assert p2["latency_s"] == pytest.approx(0.080) and p2["throughput"] == pytest.approx(100)
+    # fewer clients than instances: no queue
+    assert q.closed_loop(1, 0.020, 2)["latency_s"] == pytest.approx(0.020)
+
+
+def test_md1_known_values():
+    # rho = 0.5, S = 1: Wq = 0.5 * 1 / (2 * 0.5) = 0.5
+    assert q.md1_wait(0.5, 1.0) == pytest.approx(0.5)
+    assert q.md1_response(0.5, 1.0) == pytest.approx(1.5)
+    # rho = 0.8, S = 10 ms: Wq = 0.8 * 10 / 0.4 = 20 ms
+    assert q.md1_wait(80, 0.010) == pytest.approx(0.020)
+    # M/D/1 waits exactly half of M/M/1's rho*S/(1-rho)
+    assert q.md1_wait(80, 0.010) == pytest.approx(0.5 * 0.8 * 0.010 / 0.2)
+    assert math.isinf(q.md1_wait(100, 0.010))
+    # constant arrivals below saturation: no wait at all
+    assert q.dd1_wait(80, 0.010) == 0 and q.dd1_response(80, 0.010) == pytest.approx(0.010)
+    assert math.isinf(q.dd1_wait(120, 0.010))
+
+
+def test_batching_fit_and_prediction():
+    # S(b) = 4 ms + 1 ms * b, observed exactly at b = 1, 2, 4
+    a, c = q.fit_batch_service({1: (0.005, 10), 2: (0.006, 5), 4: (0.008, 2)})
+    assert a == pytest.approx(0.004) and c == pytest.approx(0.001)
+    # at 500 req/s: b* = 500 * 0.004 / (1 - 0.5) = 4, S(4) = 8 ms, busy all the time
+    assert q.batched_batch_size(500, a, c) == pytest.approx(4.0)
+    assert q.batched_response(500, a, c) == pytest.approx(0.004 + 0.008)  # half a batch + a batch
+    # light load: batches of 1, busy fraction lam*S(1)
+    assert q.batched_batch_size(50, a, c) == 1.0
+    assert q.batched_response(50, a, c) == pytest.approx(0.25 * 0.005 / 2 + 0.005)
+    # beyond what batching can absorb: capped at max_batch
+    assert q.batched_batch_size(2000, a, c, max_batch=16) == 16
+    # one batch size only: flat fit
+    assert q.fit_batch_service({1: (0.003, 7)}) == (pytest.approx(0.003), 0.0)
+    with pytest.raises(ValueError):
+        q.fit_batch_service({})
+
+
+def test_gap():
+    assert q.gap_pct(10, 12) == pytest.approx(20)
+    cmp = q.Comparison("C=8", "C*S(1)", 80.0, 72.0)
+    assert cmp.gap_pct == pytest.approx(-10) and cmp.as_dict()["gap_pct"] == pytest.approx(-10)

@@ -1,0 +1,749 @@
+"""A fake Chameleon site behind python-chi's client seam.
+
+The real python-chi 1.2.10 code runs; only the objects it gets from its client
+factories are replaced (the same seam python-chi's own tests patch):
+
+    chi.lease.blazar, chi.lease.connection, chi.server.nova, chi.server.connection,
+    chi.server.session, chi.image.glance, chi.network.neutron,
+    chi.server.Connection (fabric SSH), chi.server.Server._can_connect_to_port,
+    chi.context.list_sites, chi.context.list_projects (widgets' data)
+
+The fake cloud keeps its state in a JSON file (``FAKE_CHAMELEON_STATE``) so
+that several notebooks, each in its own kernel, see the same leases, servers
+and floating IPs, and the test reads back every call made. Each fake method
+has the signature of the real client method it stands for, and behaves like
+the service where the lab depends on it: a lease starts PENDING and becomes
+ACTIVE, a server is BUILD then ACTIVE, a bare-metal server needs an active
+node reservation, deleting a server leaves its floating IP allocated,
+the raw ``conn.network.delete(<id>)`` python-chi sends from ``Server.delete``
+releases nothing, SSH only reaches an ACTIVE server's floating IP.
+
+Loaded in a notebook kernel by an IPython start-up file the test writes
+(``install_from_env()``), never by the notebooks themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import uuid
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from unittest import mock
+
+STATE_ENV = "FAKE_CHAMELEON_STATE"
+
+PROJECT_ID = "a1b2c3d4e5f60718293a4b5c6d7e8f90"
+PROJECT_NAME = "CHI-251409"
+USER_ID = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+
+SITES = {
+    "CHI@TACC": {"name": "CHI@TACC", "web": "https://chi.tacc.chameleoncloud.org", "location": "Austin, Texas, USA",
+                 "user_support_contact": "help@chameleoncloud.org", "site_class": "baremetal"},
+    "CHI@UC": {"name": "CHI@UC", "web": "https://chi.uc.chameleoncloud.org", "location": "Chicago, Illinois, USA",
+               "user_support_contact": "help@chameleoncloud.org", "site_class": "baremetal"},
+}
+IMAGES = [
+    {"id": "5d2e1b9a-0001-4c3e-9d0a-cc2404cuda01", "name": "CC-Ubuntu24.04-CUDA", "build-repo": "https://github.com/ChameleonCloud/cc-images"},
+    {"id": "5d2e1b9a-0002-4c3e-9d0a-cc2404000002", "name": "CC-Ubuntu24.04", "build-repo": "https://github.com/ChameleonCloud/cc-images"},
+    {"id": "5d2e1b9a-0003-4c3e-9d0a-cc2204000003", "name": "CC-Ubuntu22.04", "build-repo": "https://github.com/ChameleonCloud/cc-images"},
+]
+NETWORKS = [
+    {"id": "net-sharednet1-0000-0000-000000000001", "name": "sharednet1", "router:external": False},
+    {"id": "net-public-00000-0000-0000-000000000002", "name": "public", "router:external": True},
+]
+FLAVORS = [{"id": "flavor-baremetal-0001", "name": "baremetal"}]
+GPU_LINES = [
+    "0, Tesla P100-PCIE-16GB, 16384 MiB, 560.35.05",
+    "1, Tesla P100-PCIE-16GB, 16384 MiB, 560.35.05",
+]
+SERVER_BUILD_POLLS = 2  # nova GETs that still say BUILD after create
+
+
+class FakeServiceError(Exception):
+    """A request the real service would refuse (HTTP 4xx)."""
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def _blazar_date(dt: datetime) -> str:
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%f")
+
+
+def _blazar_created(dt: datetime) -> str:
+    return dt.strftime("%Y-%m-%d %H:%M:%S")
+
+
+# --------------------------------------------------------------------------
+# The cloud's state, in a JSON file
+
+
+class Cloud:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def empty_state(self) -> dict:
+        return {"leases": {}, "servers": {}, "floatingips": {}, "ports": {}, "keypairs": {},
+                "calls": [], "ssh": [], "cloned": [], "next_ip": 10}
+
+    def load(self) -> dict:
+        if not self.path.exists():
+            return self.empty_state()
+        return json.loads(self.path.read_text())
+
+    def save(self, state: dict) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1, default=str))
+        tmp.replace(self.path)
+
+    @contextmanager
+    def state(self):
+        state = self.load()
+        yield state
+        self.save(state)
+
+    def record(self, client: str, method: str, *args, **kwargs) -> None:
+        with self.state() as st:
+            st["calls"].append({"client": client, "method": method,
+                                "args": json.loads(json.dumps(list(args), default=str)),
+                                "kwargs": json.loads(json.dumps(kwargs, default=str))})
+
+    # Seeding helpers for tests ------------------------------------------------
+
+    def seed_lease(self, name: str, status: str, user_id: str = USER_ID, hours_ago: float = 0.0) -> dict:
+        start = _now() - timedelta(hours=hours_ago)
+        lease = _lease_json(name, start, start + timedelta(hours=3), status, user_id,
+                            [{"resource_type": "physical:host", "min": 1, "max": 1,
+                              "resource_properties": '["==", "$node_type", "gpu_p100"]',
+                              "hypervisor_properties": ""}])
+        with self.state() as st:
+            st["leases"][lease["id"]] = lease
+        return lease
+
+
+def _lease_json(name, start, end, status, user_id, reservations) -> dict:
+    lease_id = str(uuid.uuid4())
+    res_status = {"ACTIVE": "active", "PENDING": "pending", "TERMINATED": "deleted"}.get(status, "pending")
+    return {
+        "id": lease_id, "name": name, "status": status, "user_id": user_id, "project_id": PROJECT_ID,
+        "start_date": _blazar_date(start), "end_date": _blazar_date(end),
+        "created_at": _blazar_created(_now()), "updated_at": None, "degraded": False,
+        "reservations": [
+            dict(r, id=str(uuid.uuid4()), lease_id=lease_id, resource_id=str(uuid.uuid4()), status=res_status,
+                 min=int(r.get("min", 0)) if "min" in r else r.get("min"),
+                 max=int(r.get("max", 0)) if "max" in r else r.get("max"))
+            for r in reservations
+        ],
+        "events": [],
+    }
+
+
+# --------------------------------------------------------------------------
+# Blazar (reservations): blazarclient.v1.leases.LeaseClientManager
+
+
+class FakeLeaseManager:
+    def __init__(self, cloud: Cloud):
+        self.cloud = cloud
+
+    def create(self, name, start, end, reservations, events, before_end=None):
+        self.cloud.record("blazar", "lease.create", name=name, start=start, end=end,
+                          reservations=reservations, events=events, before_end=before_end)
+        start_dt = _now() if start == "now" else datetime.strptime(start, "%Y-%m-%d %H:%M")
+        end_dt = datetime.strptime(end, "%Y-%m-%d %H:%M")
+        if end_dt <= start_dt:
+            raise _blazar_error("The lease end date must be later than its start date.", 400)
+        if not reservations:
+            raise _blazar_error("No reservations provided.", 400)
+        for r in reservations:
+            if r.get("resource_type") == "physical:host":
+                json.loads(r["resource_properties"])  # must be valid JSON, as Blazar parses it
+                if int(r["min"]) < 1 or int(r["max"]) < int(r["min"]):
+                    raise _blazar_error("Invalid min/max for a host reservation.", 400)
+        lease = _lease_json(name, start_dt, end_dt, "PENDING", USER_ID, reservations)
+        with self.cloud.state() as st:
+            st["leases"][lease["id"]] = lease
+        return lease
+
+    def get(self, lease_id):
+        self.cloud.record("blazar", "lease.get", lease_id)
+        with self.cloud.state() as st:
+            lease = st["leases"].get(lease_id)
+            if lease is None:
+                raise _blazar_error(f"Object with {{'lease_id': '{lease_id}'}} not found", 404)
+            if lease["status"] == "PENDING":  # the reservation starts
+                lease["status"] = "ACTIVE"
+                for r in lease["reservations"]:
+                    r["status"] = "active"
+            return lease
+
+    def list(self, sort_by=None):
+        self.cloud.record("blazar", "lease.list")
+        leases = list(self.cloud.load()["leases"].values())
+        return sorted(leases, key=lambda x: x[sort_by]) if sort_by else leases
+
+    def delete(self, lease_id):
+        self.cloud.record("blazar", "lease.delete", lease_id)
+        with self.cloud.state() as st:
+            lease = st["leases"].pop(lease_id, None)
+            if lease is None:
+                raise _blazar_error(f"Object with {{'lease_id': '{lease_id}'}} not found", 404)
+            # Ending a lease ends the servers on its reservations (their ports go too).
+            res_ids = {r["id"] for r in lease["reservations"]}
+            for sid in [sid for sid, s in st["servers"].items() if s["reservation"] in res_ids]:
+                _delete_server(st, sid)
+
+
+def _blazar_error(message, code):
+    from blazarclient.exception import BlazarClientException
+
+    return BlazarClientException(message, code=code)
+
+
+class FakeBlazar:
+    def __init__(self, cloud: Cloud):
+        self.lease = FakeLeaseManager(cloud)
+
+
+# --------------------------------------------------------------------------
+# Nova (compute): novaclient.v2 managers
+
+
+class FakeNovaServer:
+    """What novaclient returns: attributes, plus .networks like novaclient's."""
+
+    def __init__(self, data: dict):
+        self._data = data
+        self.id = data["id"]
+        self.name = data["name"]
+        self.status = data["status"]
+        self.addresses = data["addresses"]
+        self.created = data["created"]
+        self.hostId = data["host_id"]
+        self.image = {"id": data["image_id"]}
+        self.flavor = {"original_name": data["flavor_name"]}
+        self.key_name = data["key_name"]
+
+    @property
+    def networks(self):
+        nets = {}
+        for label, addrs in self.addresses.items():
+            nets[label] = [a["addr"] for a in addrs]
+        return nets
+
+    def to_dict(self):
+        return dict(self._data)
+
+
+class FakeServers:
+    def __init__(self, cloud: Cloud):
+        self.cloud = cloud
+
+    def get(self, server):
+        self.cloud.record("nova", "servers.get", server)
+        with self.cloud.state() as st:
+            data = st["servers"].get(server)
+            if data is None:
+                raise _nova_not_found(f"Server {server} could not be found.")
+            if data["status"] == "BUILD":
+                data["polls"] += 1
+                if data["polls"] > SERVER_BUILD_POLLS:
+                    data["status"] = "ACTIVE"
+            return FakeNovaServer(data)
+
+    def list(self, detailed=True, search_opts=None, marker=None, limit=None, sort_keys=None, sort_dirs=None):
+        self.cloud.record("nova", "servers.list")
+        return [FakeNovaServer(s) for s in self.cloud.load()["servers"].values()]
+
+    def delete(self, server):
+        self.cloud.record("nova", "servers.delete", server)
+        with self.cloud.state() as st:
+            if server not in st["servers"]:
+                raise _nova_not_found(f"Server {server} could not be found.")
+            _delete_server(st, server)
+
+
+def _delete_server(st: dict, server_id: str) -> None:
+    """Nova deletes the server and its ports; Neutron keeps floating IPs allocated."""
+    st["servers"].pop(server_id, None)
+    for pid in [pid for pid, p in st["ports"].items() if p["device_id"] == server_id]:
+        st["ports"].pop(pid)
+        for fip in st["floatingips"].values():
+            if fip["port_id"] == pid:
+                fip.update(port_id=None, fixed_ip_address=None, status="DOWN")
+
+
+def _nova_not_found(message):
+    from novaclient.exceptions import NotFound
+
+    return NotFound(404, message)
+
+
+class FakeKeypair:
+    def __init__(self, data):
+        self.name = data["name"]
+        self.public_key = data["public_key"]
+        self.fingerprint = data["fingerprint"]
+        self.id = data["name"]
+
+
+class FakeKeypairs:
+    def __init__(self, cloud: Cloud):
+        self.cloud = cloud
+
+    def get(self, keypair, user_id=None):
+        self.cloud.record("nova", "keypairs.get", keypair)
+        data = self.cloud.load()["keypairs"].get(keypair)
+        if data is None:
+            raise _nova_not_found(f"Keypair {keypair} not found.")
+        return FakeKeypair(data)
+
+    def create(self, name, public_key, key_type="ssh", user_id=None):
+        from chi.util import sshkey_fingerprint
+
+        self.cloud.record("nova", "keypairs.create", name, key_type=key_type)
+        with self.cloud.state() as st:
+            if name in st["keypairs"]:
+                raise FakeServiceError(f"Key pair '{name}' already exists. (HTTP 409)")
+            st["keypairs"][name] = {"name": name, "public_key": public_key,
+                                    "fingerprint": sshkey_fingerprint(public_key)}
+            return FakeKeypair(st["keypairs"][name])
+
+    def delete(self, key, user_id=None):
+        self.cloud.record("nova", "keypairs.delete", key)
+        with self.cloud.state() as st:
+            if st["keypairs"].pop(key, None) is None:
+                raise _nova_not_found(f"Keypair {key} not found.")
+
+
+class FakeFlavor:
+    def __init__(self, data):
+        self.id = data["id"]
+        self.name = data["name"]
+
+
+class FakeFlavors:
+    def __init__(self, cloud: Cloud):
+        self.cloud = cloud
+
+    def list(self, detailed=True, is_public=True, marker=None, min_disk=None, min_ram=None, limit=None,
+             sort_key=None, sort_dir=None):
+        self.cloud.record("nova", "flavors.list")
+        return [FakeFlavor(f) for f in FLAVORS]
+
+    def get(self, flavor):
+        for f in FLAVORS:
+            if f["id"] == flavor:
+                return FakeFlavor(f)
+        raise _nova_not_found(f"Flavor {flavor} could not be found.")
+
+
+class FakeNova:
+    def __init__(self, cloud: Cloud):
+        self.servers = FakeServers(cloud)
+        self.keypairs = FakeKeypairs(cloud)
+        self.flavors = FakeFlavors(cloud)
+
+
+# --------------------------------------------------------------------------
+# openstacksdk Connection: compute and network proxies
+
+
+class FakeSdkServer:
+    def __init__(self, data):
+        self.id = data["id"]
+        self.name = data["name"]
+        self.host_status = "UP"
+        self.hypervisor_hostname = data["hypervisor"]
+        self.is_locked = False
+
+
+class FakeComputeProxy:
+    def __init__(self, cloud: Cloud):
+        self.cloud = cloud
+
+    def create_server(self, **attrs):
+        self.cloud.record("sdk", "compute.create_server", **attrs)
+        with self.cloud.state() as st:
+            image = next((i for i in IMAGES if i["id"] == attrs.get("imageRef")), None)
+            if image is None:
+                raise FakeServiceError(f"Image {attrs.get('imageRef')} could not be found. (HTTP 400)")
+            if not any(f["id"] == attrs.get("flavorRef") for f in FLAVORS):
+                raise FakeServiceError(f"Flavor {attrs.get('flavorRef')} could not be found. (HTTP 400)")
+            key = attrs.get("key_name")
+            if key not in st["keypairs"]:
+                raise FakeServiceError(f"Invalid key_name provided: {key!r}. (HTTP 400)")
+            reservation = (attrs.get("scheduler_hints") or {}).get("reservation")
+            host_reservation = next(
+                (r for lease in st["leases"].values() if lease["status"] == "ACTIVE"
+                 for r in lease["reservations"] if r["id"] == reservation and r["resource_type"] == "physical:host"),
+                None)
+            if host_reservation is None:
+                # Chameleon's bare-metal flavor only schedules onto an active host reservation.
+                raise FakeServiceError("No valid host was found: a bare-metal server needs an active "
+                                       "host reservation in scheduler_hints. (HTTP 500 from the scheduler)")
+            in_use = sum(1 for s in st["servers"].values() if s["reservation"] == reservation)
+            if in_use >= int(host_reservation["max"]):
+                raise FakeServiceError("No valid host was found: every reserved node is in use.")
+            net_ids = [n["uuid"] for n in attrs.get("networks") or []]
+            nets = [n for n in NETWORKS if n["id"] in net_ids]
+            if not nets:
+                raise FakeServiceError("Network could not be found. (HTTP 400)")
+            server_id = str(uuid.uuid4())
+            fixed = f"10.52.0.{len(st['servers']) + 20}"
+            port_id = str(uuid.uuid4())
+            st["ports"][port_id] = {"id": port_id, "device_id": server_id, "network_id": nets[0]["id"],
+                                    "fixed_ips": [{"ip_address": fixed}]}
+            st["servers"][server_id] = {
+                "id": server_id, "name": attrs["name"], "status": "BUILD", "polls": 0,
+                "image_id": image["id"], "flavor_name": "baremetal", "key_name": key,
+                "reservation": reservation, "created": _now().isoformat() + "Z",
+                "host_id": uuid.uuid4().hex, "hypervisor": "c01-" + uuid.uuid4().hex[:6],
+                "addresses": {nets[0]["name"]: [{"addr": fixed, "version": 4, "OS-EXT-IPS:type": "fixed",
+                                                 "OS-EXT-IPS-MAC:mac_addr": "fa:16:3e:00:00:01"}]},
+            }
+        return FakeSdkServer(st["servers"][server_id])
+
+    def get_server(self, server):
+        self.cloud.record("sdk", "compute.get_server", server)
+        data = self.cloud.load()["servers"].get(server)
+        if data is None:
+            raise FakeServiceError(f"No Server found for {server}")
+        return FakeSdkServer(data)
+
+    def remove_floating_ip_from_server(self, server, address):
+        raise FakeServiceError("not used by the lab")
+
+
+class FakeResponse:
+    def __init__(self, status_code):
+        self.status_code = status_code
+        self.ok = status_code < 400
+
+
+class FakeNetworkProxy:
+    def __init__(self, cloud: Cloud):
+        self.cloud = cloud
+
+    def ports(self, **query):
+        self.cloud.record("sdk", "network.ports", **query)
+        ports = self.cloud.load()["ports"].values()
+        return [p for p in ports if all(p.get(k) == v for k, v in query.items())]
+
+    def update_ip(self, floating_ip, if_revision=None, **attrs):
+        self.cloud.record("sdk", "network.update_ip", floating_ip, **attrs)
+        with self.cloud.state() as st:
+            fip = st["floatingips"].get(floating_ip)
+            if fip is None:
+                raise _sdk_error(f"Floating IP {floating_ip} not found")
+            port = st["ports"].get(attrs.get("port_id"))
+            if port is None:
+                raise _sdk_error(f"Port {attrs.get('port_id')} not found")
+            if fip["port_id"] not in (None, port["id"]):
+                raise _sdk_error(f"Floating IP {fip['floating_ip_address']} is already in use (HTTP 409)")
+            fip.update(port_id=port["id"], fixed_ip_address=port["fixed_ips"][0]["ip_address"], status="ACTIVE")
+            server = st["servers"][port["device_id"]]
+            label = next(iter(server["addresses"]))
+            server["addresses"][label].append({"addr": fip["floating_ip_address"], "version": 4,
+                                               "OS-EXT-IPS:type": "floating",
+                                               "OS-EXT-IPS-MAC:mac_addr": "fa:16:3e:00:00:01"})
+            return dict(fip)
+
+    def delete(self, url, **kwargs):
+        # python-chi's Server.delete(delete_ips=True) calls this with a bare
+        # floating-IP id: a raw DELETE on the network endpoint's root, which
+        # the service answers 404 and which releases nothing.
+        self.cloud.record("sdk", "network.delete", url, **kwargs)
+        return FakeResponse(404)
+
+
+def _sdk_error(message):
+    from openstack.exceptions import SDKException
+
+    return SDKException(message)
+
+
+class FakeConnection:
+    def __init__(self, cloud: Cloud):
+        self.compute = FakeComputeProxy(cloud)
+        self.network = FakeNetworkProxy(cloud)
+        self.current_user_id = USER_ID
+
+    def get_user_id(self):
+        return USER_ID
+
+
+class FakeSession:
+    """Stands in for the keystone session python-chi passes to connection()."""
+
+    region_name = "CHI@TACC"
+    interface = "public"
+
+    def get_project_id(self):
+        return PROJECT_ID
+
+    def get_user_id(self):
+        return USER_ID
+
+
+# --------------------------------------------------------------------------
+# Glance (images): glanceclient.v2.images.Controller
+
+
+class FakeImage(dict):
+    """glanceclient returns warlock models: attributes and dict-style keys."""
+
+    def __getattr__(self, key):
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+
+class FakeImages:
+    def __init__(self, cloud: Cloud):
+        self.cloud = cloud
+
+    def list(self, **kwargs):
+        self.cloud.record("glance", "images.list", **kwargs)
+        filters = kwargs.get("filters") or {}
+        return [FakeImage(i, created_at="2025-06-01T00:00:00Z") for i in IMAGES
+                if all(i.get(k) == v for k, v in filters.items())]
+
+    def get(self, image_id):
+        self.cloud.record("glance", "images.get", image_id)
+        for i in IMAGES:
+            if i["id"] == image_id:
+                return FakeImage(i, created_at="2025-06-01T00:00:00Z")
+        from glanceclient.exc import NotFound
+
+        raise NotFound(f"No image found with ID {image_id}")
+
+
+class FakeGlance:
+    def __init__(self, cloud: Cloud):
+        self.images = FakeImages(cloud)
+
+
+# --------------------------------------------------------------------------
+# Neutron: neutronclient.v2_0.client.Client
+
+
+class FakeNeutron:
+    def __init__(self, cloud: Cloud):
+        self.cloud = cloud
+
+    def list_networks(self, retrieve_all=True, **_params):
+        self.cloud.record("neutron", "list_networks")
+        return {"networks": [dict(n) for n in NETWORKS]}
+
+    def show_network(self, network, **_params):
+        self.cloud.record("neutron", "show_network", network)
+        for n in NETWORKS:
+            if n["id"] == network:
+                return {"network": dict(n)}
+        from neutronclient.common.exceptions import NotFound
+
+        raise NotFound(message=f"Network {network} could not be found.")
+
+    def list_floatingips(self, retrieve_all=True, **_params):
+        self.cloud.record("neutron", "list_floatingips")
+        return {"floatingips": [dict(f) for f in self.cloud.load()["floatingips"].values()]}
+
+    def create_floatingip(self, body=None):
+        self.cloud.record("neutron", "create_floatingip", body=body)
+        net = body["floatingip"]["floating_network_id"]
+        if net != next(n["id"] for n in NETWORKS if n["name"] == "public"):
+            raise FakeServiceError("Floating IPs come from the public network.")
+        with self.cloud.state() as st:
+            fip_id = str(uuid.uuid4())
+            address = f"129.114.108.{st['next_ip']}"
+            st["next_ip"] += 1
+            st["floatingips"][fip_id] = {"id": fip_id, "floating_ip_address": address, "floating_network_id": net,
+                                         "port_id": None, "fixed_ip_address": None, "status": "DOWN",
+                                         "project_id": PROJECT_ID, "tags": []}
+            return {"floatingip": dict(st["floatingips"][fip_id])}
+
+    def delete_floatingip(self, floatingip):
+        self.cloud.record("neutron", "delete_floatingip", floatingip)
+        with self.cloud.state() as st:
+            if st["floatingips"].pop(floatingip, None) is None:
+                from neutronclient.common.exceptions import NotFound
+
+                raise NotFound(message=f"Floating IP {floatingip} could not be found.")
+
+
+# --------------------------------------------------------------------------
+# SSH: fabric.Connection
+
+
+class FakeResult:
+    def __init__(self, command, stdout, exited=0):
+        self.command = command
+        self.stdout = stdout
+        self.stderr = ""
+        self.exited = exited
+        self.ok = exited == 0
+
+    def __bool__(self):
+        return self.ok
+
+    def __repr__(self):  # as fabric's Result shows itself
+        return f"<Result cmd={self.command!r} exited={self.exited}>"
+
+
+class _FakeSSHClient:
+    def set_missing_host_key_policy(self, policy):
+        self.policy = policy
+
+
+def make_fabric_connection(cloud: Cloud, repo_root: Path):
+    class FakeFabricConnection:
+        def __init__(self, host, user=None, port=None, config=None, gateway=None, forward_agent=None,
+                     connect_timeout=None, connect_kwargs=None, inline_ssh_env=None):
+            self.host, self.user, self.connect_kwargs = host, user, connect_kwargs
+            self.client = _FakeSSHClient()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def _check_reachable(self):
+            st = cloud.load()
+            ok = _reachable(st, self.host, 22)
+            if not ok:
+                raise socket.timeout(f"ssh to {self.host}:22 timed out (not an active server's floating IP)")
+
+        def run(self, command, **kwargs):
+            self._check_reachable()
+            with cloud.state() as st:
+                st["ssh"].append({"host": self.host, "user": self.user, "command": command})
+                stdout = _shell_output(st, command, repo_root)
+            if stdout and not kwargs.get("hide"):
+                print(stdout, end="" if stdout.endswith("\n") else "\n")
+            return FakeResult(command, stdout)
+
+        def put(self, local, remote=None, preserve_mode=True):
+            self._check_reachable()
+            with cloud.state() as st:
+                st["ssh"].append({"host": self.host, "user": self.user, "command": f"<put {local} {remote}>"})
+
+    return FakeFabricConnection
+
+
+def _reachable(st: dict, host: str, port: int) -> bool:
+    if port != 22:
+        return False
+    for fip in st["floatingips"].values():
+        if fip["floating_ip_address"] == host and fip["port_id"]:
+            port_obj = st["ports"].get(fip["port_id"])
+            server = st["servers"].get(port_obj["device_id"]) if port_obj else None
+            return bool(server and server["status"] == "ACTIVE")
+    return False
+
+
+def _shell_output(st: dict, command: str, repo_root: Path) -> str:
+    """What the lab's commands print on a gpu_p100 node with CC-Ubuntu24.04-CUDA."""
+    if command.startswith("test -d ") and " || " in command:  # run the rest only if the folder is missing
+        folder, rest = command[len("test -d "):].split(" || ", 1)
+        if any(c["dest"] == folder.strip() for c in st["cloned"]):
+            return ""
+        return _shell_output(st, rest, repo_root)
+    if "git clone" in command:
+        parts = command.split("git clone", 1)[1].split()
+        st["cloned"].append({"url": parts[0], "dest": parts[1] if len(parts) > 1 else None})
+        return f"Cloning into '{parts[1] if len(parts) > 1 else parts[0]}'...\n"
+    if command.startswith("ls "):
+        if not st["cloned"]:
+            return ""
+        return "\n".join(sorted(p.name for p in repo_root.iterdir() if not p.name.startswith("."))) + "\n"
+    if "nvidia-smi --query-gpu" in command:
+        return "\n".join(GPU_LINES) + "\n"
+    if "nvidia-smi -L" in command:
+        return "".join(f"GPU {i}: Tesla P100-PCIE-16GB (UUID: GPU-{uuid.uuid4()})\n" for i in range(2))
+    if command.strip() == "docker compose version":
+        return "Docker Compose version v2.40.3\n"
+    return ""
+
+
+# --------------------------------------------------------------------------
+# Installing the fake
+
+
+def fake_can_connect_to_port(cloud: Cloud):
+    def _can_connect_to_port(self, host, port, timeout):
+        return _reachable(cloud.load(), host, port)
+
+    return _can_connect_to_port
+
+
+def fake_list_sites(show=None):
+    if show is not None:
+        raise AssertionError("the fake only serves list_sites() as use_site() calls it")
+    return {k: dict(v) for k, v in SITES.items()}
+
+
+def fake_list_projects(show=None):
+    if show == "text":
+        print(PROJECT_NAME)
+        return None
+    return [PROJECT_NAME]
+
+
+def _guard_network():
+    """Refuse any non-loopback connection, so an unfaked client fails loudly."""
+    real_connect = socket.socket.connect
+
+    def connect(self, address):
+        host = address[0] if isinstance(address, tuple) else address
+        if isinstance(host, str) and not (host.startswith("127.") or host in ("localhost", "::1")) \
+                and self.family in (socket.AF_INET, socket.AF_INET6):
+            raise ConnectionRefusedError(f"fake_chameleon: network access to {address} blocked (unfaked client?)")
+        return real_connect(self, address)
+
+    socket.socket.connect = connect
+
+
+def install(state_path: str | os.PathLike, repo_root: str | os.PathLike | None = None):
+    """Patch python-chi's client seam; return the started patchers."""
+    import chi.context  # noqa: F401  (import order: context before the modules using it)
+    import chi.image  # noqa: F401
+    import chi.lease  # noqa: F401
+    import chi.network  # noqa: F401
+    import chi.server  # noqa: F401
+
+    cloud = Cloud(state_path)
+    repo_root = Path(repo_root) if repo_root else Path(__file__).resolve().parents[2]
+    patchers = [
+        mock.patch("chi.lease.blazar", lambda session=None: FakeBlazar(cloud)),
+        mock.patch("chi.lease.connection", lambda session=None: FakeConnection(cloud)),
+        mock.patch("chi.server.nova", lambda session=None: FakeNova(cloud)),
+        mock.patch("chi.server.connection", lambda session=None: FakeConnection(cloud)),
+        mock.patch("chi.server.session", lambda: FakeSession()),
+        mock.patch("chi.image.glance", lambda session=None: FakeGlance(cloud)),
+        mock.patch("chi.network.neutron", lambda session=None: FakeNeutron(cloud)),
+        mock.patch("chi.server.Connection", make_fabric_connection(cloud, repo_root)),
+        mock.patch("chi.server.Server._can_connect_to_port", fake_can_connect_to_port(cloud)),
+        mock.patch("chi.context.list_sites", fake_list_sites),
+        mock.patch("chi.context.list_projects", fake_list_projects),
+    ]
+    for p in patchers:
+        p.start()
+    return patchers
+
+
+def install_from_env() -> None:
+    """Entry point for the kernel start-up file."""
+    _guard_network()
+    install(os.environ[STATE_ENV])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("import this module; see the module docstring")

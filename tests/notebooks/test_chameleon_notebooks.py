@@ -1,0 +1,482 @@
+"""The provisioning notebooks (1_create_lease, 2_create_server_nvidia,
+7_delete_resources) run end to end in a real kernel with the real python-chi
+1.2.10, against a fake Chameleon site at python-chi's client seam
+(fake_chameleon.py, injected by an IPython start-up file: the notebooks carry
+no test code). Then: the calls made, idempotent re-runs, and a static check
+that every python-chi call in every notebook binds to the installed API."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import inspect
+import json
+import typing
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from conftest import NOTEBOOKS_DIR, REPO_ROOT, base_kernel_env, cell_text, notebook_text, run_notebook
+from servelab import chameleon
+
+HERE = Path(__file__).resolve().parent
+USER = "student1"
+OTHER_USER = "student2"
+CHI_NOTEBOOKS = ("1_create_lease", "2_create_server_nvidia", "7_delete_resources")
+
+
+def _load_fake():
+    spec = importlib.util.spec_from_file_location("fake_chameleon", HERE / "fake_chameleon.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+fake = _load_fake()
+
+STARTUP = """\
+import importlib.util as _ilu, sys as _sys
+_spec = _ilu.spec_from_file_location("fake_chameleon", {path!r})
+_mod = _ilu.module_from_spec(_spec)
+_sys.modules["fake_chameleon"] = _mod
+_spec.loader.exec_module(_mod)
+_mod.install_from_env()
+del _ilu, _sys, _spec, _mod
+"""
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """A fake site with an expired lease of ours and an active lease of a classmate."""
+    tmp = tmp_path_factory.mktemp("chameleon")
+    ipython_dir = tmp / "ipython"
+    startup = ipython_dir / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-fake-chameleon.py").write_text(STARTUP.format(path=str(HERE / "fake_chameleon.py")))
+    ssh = tmp / "ssh"
+    ssh.mkdir()
+    # A syntactically valid public key (python-chi fingerprints it).
+    (ssh / "id_rsa.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHl0ZXN0a2V5Zm9yc2VydmVsYWJub3RlYm9va3M= student1\n")
+    (ssh / "id_rsa").write_text("not used by the fake\n")
+    cloud = fake.Cloud(tmp / "cloud.json")
+    expired = cloud.seed_lease(chameleon.lease_name(USER), "TERMINATED", hours_ago=30)
+    classmate = cloud.seed_lease(chameleon.lease_name(OTHER_USER), "ACTIVE", user_id="another-user")
+    env = base_kernel_env(
+        IPYTHONDIR=str(ipython_dir), USER=USER,
+        OS_KEYPAIR_PUBLIC_KEY=str(ssh / "id_rsa.pub"), OS_KEYPAIR_PRIVATE_KEY=str(ssh / "id_rsa"),
+        **{fake.STATE_ENV: str(cloud.path)},
+    )
+    return {"cloud": cloud, "env": env, "expired": expired, "classmate": classmate, "runs": {}}
+
+
+def _calls(state, client=None, method=None):
+    return [c for c in state["calls"]
+            if (client is None or c["client"] == client) and (method is None or c["method"] == method)]
+
+
+def _run(site, name):
+    nb = run_notebook(name, site["env"])
+    site["runs"].setdefault(name, []).append(nb)
+    return nb
+
+
+# --------------------------------------------------------------------------
+# End to end, in lab order. The tests depend on each other's effects on the
+# fake site and run in file order.
+
+
+def test_1_create_lease_reserves_one_gpu_p100_for_3_hours(site):
+    before = datetime.now(timezone.utc).replace(tzinfo=None)
+    nb = _run(site, "1_create_lease")
+    state = site["cloud"].load()
+
+    creates = _calls(state, "blazar", "lease.create")
+    assert len(creates) == 1
+    kw = creates[0]["kwargs"]
+    assert kw["name"] == f"serve-system-{USER}"
+    (reservation,) = kw["reservations"]
+    assert reservation["resource_type"] == "physical:host"
+    assert json.loads(reservation["resource_properties"]) == ["==", "$node_type", "gpu_p100"]
+    assert int(reservation["min"]) == int(reservation["max"]) == 1
+    assert kw["start"] == "now"
+    end = datetime.strptime(kw["end"], "%Y-%m-%d %H:%M")
+    assert timedelta(hours=2, minutes=58) <= end - before <= timedelta(hours=3, minutes=1)
+
+    # The expired lease with our name was removed; the classmate's lease was not touched.
+    assert site["expired"]["id"] not in state["leases"]
+    assert [c["args"] for c in _calls(state, "blazar", "lease.delete")] == [[site["expired"]["id"]]]
+    assert site["classmate"]["id"] in state["leases"]
+
+    mine = [x for x in state["leases"].values() if x["name"] == f"serve-system-{USER}"]
+    assert len(mine) == 1 and mine[0]["status"] == "ACTIVE"
+    text = notebook_text(nb)
+    assert "Your node is reserved" in text
+    assert "python-chi 1.2.10" in text and "expects" not in text
+
+
+def test_1_create_lease_is_idempotent(site):
+    state_before = site["cloud"].load()
+    nb = _run(site, "1_create_lease")
+    state = site["cloud"].load()
+    assert len(_calls(state, "blazar", "lease.create")) == 1, "a second run must reuse the lease"
+    assert state["leases"].keys() == state_before["leases"].keys()
+    assert "Found existing lease" in notebook_text(nb)
+
+
+def test_2_create_server_on_the_reservation_with_the_cuda_image(site):
+    nb = _run(site, "2_create_server_nvidia")
+    state = site["cloud"].load()
+    lease = next(x for x in state["leases"].values() if x["name"] == f"serve-system-{USER}")
+    node_reservation = next(r for r in lease["reservations"] if r["resource_type"] == "physical:host")
+
+    (create,) = _calls(state, "sdk", "compute.create_server")
+    kw = create["kwargs"]
+    assert kw["name"] == f"node-serve-system-{USER}"
+    assert kw["scheduler_hints"] == {"reservation": node_reservation["id"]}
+    cuda = next(i for i in fake.IMAGES if i["name"] == "CC-Ubuntu24.04-CUDA")
+    assert kw["imageRef"] == cuda["id"]
+    assert kw["key_name"] == f"{USER}-jupyter"
+
+    # One floating IP, allocated and associated with the server's port.
+    (server,) = state["servers"].values()
+    (fip,) = state["floatingips"].values()
+    assert server["status"] == "ACTIVE"
+    assert fip["port_id"] == next(p["id"] for p in state["ports"].values() if p["device_id"] == server["id"])
+    assert len(_calls(state, "neutron", "create_floatingip")) == 1
+    assert [c["args"][0] for c in _calls(state, "sdk", "network.update_ip")] == [fip["id"]]
+
+    # On the node, over SSH as cc: the kit, Docker, the container toolkit, nvtop, GPU checks.
+    commands = [c["command"] for c in state["ssh"]]
+    assert all(c["host"] == fip["floating_ip_address"] and c["user"] == "cc" for c in state["ssh"])
+    assert state["cloned"] == [{"url": chameleon.KIT_REPO_URL, "dest": f"~/{chameleon.KIT_DIR}"}]
+    joined = "\n".join(commands)
+    for needle in ("get.docker.com", "usermod -aG docker", "nvidia-container-toolkit",
+                   "nvidia-ctk runtime configure --runtime=docker", "install -y -q nvtop",
+                   "nvidia-smi --query-gpu", "--gpus all"):
+        assert needle in joined, needle
+    text = notebook_text(nb)
+    assert "OK: both Tesla P100 GPUs are visible." in text
+    assert "containers see 2 GPUs" in text
+    assert f"ssh cc@{fip['floating_ip_address']}" in text
+    assert "Connection successful" in text
+
+
+def test_2_create_server_is_idempotent(site):
+    state_before = site["cloud"].load()
+    _run(site, "2_create_server_nvidia")
+    state = site["cloud"].load()
+    assert len(_calls(state, "sdk", "compute.create_server")) == 1, "a second run must reuse the server"
+    assert len(_calls(state, "neutron", "create_floatingip")) == 1, "a second run must keep the same IP"
+    assert state["floatingips"].keys() == state_before["floatingips"].keys()
+    assert len(state["cloned"]) == 1, "the kit is cloned only once"
+
+
+def test_7_delete_resources_releases_everything(site):
+    state_before = site["cloud"].load()
+    (fip_before,) = state_before["floatingips"].values()
+    (server_before,) = state_before["servers"].values()
+    nb = _run(site, "7_delete_resources")
+    state = site["cloud"].load()
+
+    assert [c["args"] for c in _calls(state, "nova", "servers.delete")] == [[server_before["id"]]]
+    assert state["servers"] == {}
+    # Released through Neutron's floating IP API, not python-chi's raw delete.
+    assert [c["args"] for c in _calls(state, "neutron", "delete_floatingip")] == [[fip_before["id"]]]
+    assert _calls(state, "sdk", "network.delete") == []
+    assert state["floatingips"] == {}
+    # Our lease is gone; the classmate's stays.
+    assert [x["name"] for x in state["leases"].values()] == [f"serve-system-{OTHER_USER}"]
+    text = notebook_text(nb)
+    assert f"released floating IP {fip_before['floating_ip_address']}" in text
+    assert "server left: False" in text and "leases left: []" in text
+
+
+def test_7_delete_resources_twice_is_harmless(site):
+    nb = _run(site, "7_delete_resources")
+    text = notebook_text(nb)
+    assert f"no server named node-serve-system-{USER}" in text
+    assert f"no lease named serve-system-{USER}" in text
+    state = site["cloud"].load()
+    assert [x["name"] for x in state["leases"].values()] == [f"serve-system-{OTHER_USER}"]
+
+
+def test_every_chameleon_call_binds_to_the_real_clients(site):
+    """Each call python-chi made to a fake would bind to the real client method too."""
+    from blazarclient.v1.leases import LeaseClientManager
+    from glanceclient.v2.images import Controller as GlanceImages
+    from neutronclient.v2_0.client import Client as NeutronClient
+    from novaclient.v2.flavors import FlavorManager
+    from novaclient.v2.keypairs import KeypairManager
+    from novaclient.v2.servers import ServerManager
+    from openstack.compute.v2._proxy import Proxy as ComputeProxy
+    from openstack.network.v2._proxy import Proxy as NetworkProxy
+
+    real = {
+        ("blazar", "lease"): LeaseClientManager, ("nova", "servers"): ServerManager,
+        ("nova", "keypairs"): KeypairManager, ("nova", "flavors"): FlavorManager,
+        ("glance", "images"): GlanceImages, ("sdk", "compute"): ComputeProxy, ("sdk", "network"): NetworkProxy,
+    }
+    calls = site["cloud"].load()["calls"]
+    assert calls
+    for call in calls:
+        if call["client"] == "neutron":
+            cls, method = NeutronClient, call["method"]
+        else:
+            group, method = call["method"].split(".")
+            cls = real[(call["client"], group)]
+        func = getattr(cls, method)
+        if call["method"] in ("keypairs.create",):  # the fake does not log the key itself
+            call["kwargs"]["public_key"] = "ssh-ed25519 AAAA"
+        inspect.signature(func).bind(object(), *call["args"], **call["kwargs"])
+
+
+# --------------------------------------------------------------------------
+# Static checks on the notebooks' python-chi code (every code path, run or not)
+
+
+def _code_cells(name):
+    nb = nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
+    return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+def _chi_class_in(annotation):
+    """The python-chi class an annotation names (directly, Optional/Union, or List of)."""
+    if inspect.isclass(annotation) and annotation.__module__.startswith("chi."):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _chi_class_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+class _ChiCallChecker(ast.NodeVisitor):
+    """Bind every call on a python-chi module or object to the installed signature."""
+
+    def __init__(self):
+        self.modules = {}   # local name -> chi module
+        self.types = {}     # variable -> chi class
+        self.checked = []   # "module.func" / "Class.method" names bound
+        self.errors = []
+
+    def _returns(self, func):
+        if inspect.isclass(func):
+            return func
+        try:
+            hints = typing.get_type_hints(func)
+        except Exception:
+            return None
+        return _chi_class_in(hints.get("return"))
+
+    def _bind(self, label, func, node, is_method):
+        args = [object()] * len(node.args)
+        kwargs = {kw.arg: object() for kw in node.keywords if kw.arg is not None}
+        target = func.__init__ if inspect.isclass(func) else func
+        try:
+            sig = inspect.signature(target)
+            if is_method or inspect.isclass(func):
+                bound = sig.bind(object(), *args, **kwargs)
+            else:
+                bound = sig.bind(*args, **kwargs)
+            # A keyword only a **kwargs catch-all takes is a typo waiting to
+            # be sent to the cloud (Server.submit passes **kwargs to Nova).
+            for param in sig.parameters.values():
+                if param.kind is param.VAR_KEYWORD and bound.arguments.get(param.name):
+                    raise TypeError(f"{sorted(bound.arguments[param.name])} only match **{param.name}")
+            self.checked.append(label)
+        except TypeError as err:
+            self.errors.append(f"{label}({ast.unparse(node)}): {err}")
+
+    def visit_ImportFrom(self, node):
+        if node.module == "chi":
+            import importlib
+
+            for alias in node.names:
+                self.modules[alias.asname or alias.name] = importlib.import_module(f"chi.{alias.name}")
+        self.generic_visit(node)
+
+    def _resolve_call(self, node):
+        """(label, callable, is_method, return class) for a chi call, else None."""
+        func = node.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            owner = func.value.id
+            if owner in self.modules:
+                module = self.modules[owner]
+                if not hasattr(module, func.attr):
+                    self.errors.append(f"chi.{module.__name__.split('.')[-1]} has no {func.attr}")
+                    return None
+                obj = getattr(module, func.attr)
+                return f"{module.__name__}.{func.attr}", obj, False, self._returns(obj)
+            if owner in self.types:
+                cls = self.types[owner]
+                if not hasattr(cls, func.attr):
+                    self.errors.append(f"{cls.__name__} has no method {func.attr}")
+                    return None
+                meth = getattr(cls, func.attr)
+                return f"{cls.__name__}.{func.attr}", meth, True, self._returns(meth)
+        return None
+
+    def visit_Call(self, node):
+        resolved = self._resolve_call(node)
+        if resolved:
+            label, obj, is_method, _ = resolved
+            self._bind(label, obj, node, is_method)
+        self.generic_visit(node)
+
+    def _type_of(self, value):
+        if isinstance(value, ast.Call):
+            resolved = self._resolve_call(value)
+            return resolved[3] if resolved else None
+        if isinstance(value, ast.Name):
+            return self.types.get(value.id)
+        return None
+
+    def visit_Assign(self, node):
+        self.visit(node.value)
+        cls = self._type_of(node.value)
+        if cls is None and isinstance(node.value, ast.BoolOp):
+            cls = next((c for c in map(self._type_of, node.value.values) if c), None)
+        for target in node.targets:
+            if isinstance(target, ast.Name) and cls is not None:
+                self.types[target.id] = cls
+
+    def _visit_loop_target(self, target, iterable):
+        cls = self._type_of(iterable)
+        if isinstance(target, ast.Name) and cls is not None:
+            self.types[target.id] = cls
+
+    def visit_For(self, node):
+        self._visit_loop_target(node.target, node.iter)
+        self.generic_visit(node)
+
+    def visit_comprehension(self, node):
+        self._visit_loop_target(node.target, node.iter)
+        self.generic_visit(node)
+
+    def visit_ListComp(self, node):
+        for gen in node.generators:  # targets first, so the element expression knows them
+            self.visit(gen)
+        self.visit(node.elt)
+
+
+EXPECTED_CHI_CALLS = {
+    "1_create_lease": ["chi.context.choose_project", "chi.context.use_site", "chi.lease.list_leases",
+                       "Lease.delete", "chi.lease.Lease", "Lease.add_node_reservation", "Lease.submit"],
+    "2_create_server_nvidia": ["chi.lease.get_lease", "chi.server.Server", "Server.submit",
+                               "Server.get_floating_ip", "Server.associate_floating_ip",
+                               "Server.check_connectivity", "Server.refresh", "Server.show", "Server.execute"],
+    "7_delete_resources": ["chi.server.get_server_id", "chi.server.get_server", "Server.get_all_floating_ips",
+                           "Server.delete", "chi.network.deallocate_floating_ip", "chi.lease.list_leases",
+                           "Lease.delete"],
+}
+
+
+@pytest.mark.parametrize("name", CHI_NOTEBOOKS)
+def test_every_chi_call_exists_with_these_arguments(name):
+    checker = _ChiCallChecker()
+    for source in _code_cells(name):
+        checker.visit(ast.parse(source))
+    assert not checker.errors, checker.errors
+    assert set(EXPECTED_CHI_CALLS[name]) <= set(checker.checked), sorted(set(checker.checked))
+    # Widgets are not available everywhere: the notebooks ask for text output.
+    for source in _code_cells(name):
+        assert 'show="widget"' not in source and "type=\"widget\"" not in source
+
+
+def test_static_checker_catches_a_wrong_argument():
+    checker = _ChiCallChecker()
+    checker.visit(ast.parse(
+        "from chi import lease, server\n"
+        "l = lease.Lease('x', hours=3)\n"
+        "s = server.Server('n', reservation='r')\n"
+        "s.submit(show_text=True)\n"
+        "s.associate_floating_ip(ip='x')\n"
+        "lease.no_such_function()\n"
+    ))
+    assert len(checker.errors) == 5, checker.errors
+
+
+def test_server_submit_in_notebooks_passes_show():
+    """Server.submit defaults to show="widget", which raises outside Jupyter after creating the server."""
+    for name in CHI_NOTEBOOKS:
+        for source in _code_cells(name):
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and node.func.attr == "submit":
+                    assert any(kw.arg == "show" for kw in node.keywords), ast.unparse(node)
+
+
+def test_notebooks_use_the_kits_names_and_settings():
+    """The notebooks and servelab.chameleon name the same lease, server, site, image and kit."""
+    src1 = "\n".join(_code_cells("1_create_lease"))
+    src2 = "\n".join(_code_cells("2_create_server_nvidia"))
+    src7 = "\n".join(_code_cells("7_delete_resources"))
+    for src in (src1, src2, src7):
+        assert f'context.use_site("{chameleon.SITE}")' in src
+        assert 'LEASE_NAME = f"serve-system-{username}"' in src
+    assert f'NODE_TYPE = "{chameleon.NODE_TYPE}"' in src1
+    assert f"LEASE_HOURS = {chameleon.LEASE_HOURS}" in src1
+    assert f'IMAGE = "{chameleon.IMAGE}"' in src2
+    assert f'KIT_REPO_URL = "{chameleon.KIT_REPO_URL}"' in src2
+    assert f'KIT_DIR = "{chameleon.KIT_DIR}"' in src2
+    for src in (src2, src7):
+        assert 'SERVER_NAME = f"node-serve-system-{username}"' in src
+    assert chameleon.lease_name("u") == "serve-system-u"
+    assert chameleon.server_name("u") == "node-serve-system-u"
+
+
+# --------------------------------------------------------------------------
+# servelab.chameleon against the same fake, in this process
+
+
+def test_chameleon_cleanup_helper(tmp_path, monkeypatch, capsys):
+    import chi.context
+
+    local = fake.Cloud(tmp_path / "cloud.json")
+    patchers = fake.install(local.path, REPO_ROOT)
+    try:
+        monkeypatch.setenv("USER", "helperuser")
+        lease_json = local.seed_lease(chameleon.lease_name("helperuser"), "ACTIVE")
+        other = local.seed_lease(chameleon.lease_name("someoneelse"), "ACTIVE")
+        # A server with a floating IP, made through python-chi like the notebook does.
+        from chi import server as chi_server
+
+        key = tmp_path / "k.pub"
+        key.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHl0ZXN0a2V5Zm9yc2VydmVsYWJub3RlYm9va3M= x\n")
+        chi.context.set("keypair_public_key", str(key))
+        chi.context.set("keypair_name", "helperuser-jupyter")
+        node = chi_server.Server(chameleon.server_name("helperuser"),
+                                 reservation_id=lease_json["reservations"][0]["id"], image_name=chameleon.IMAGE)
+        fake.SERVER_BUILD_POLLS = 0
+        node.submit(show="text")
+        ip = node.associate_floating_ip()
+
+        import argparse
+
+        parser = argparse.ArgumentParser()
+        chameleon.add_parser(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(["chameleon", "status", "--user", "helperuser"])
+        assert args.func(args) == 0
+        out = capsys.readouterr().out
+        assert f"server node-serve-system-helperuser: ACTIVE, {ip}" in out
+        assert "lease serve-system-helperuser: ACTIVE" in out
+
+        args = parser.parse_args(["chameleon", "cleanup", "--user", "helperuser"])
+        assert args.func(args) == 0
+        out = capsys.readouterr().out
+        assert f"floating IPs released: {ip}" in out
+        state = local.load()
+        assert state["servers"] == {} and state["floatingips"] == {}
+        assert [x["id"] for x in state["leases"].values()] == [other["id"]]
+
+        # Twice is harmless.
+        report = chameleon.cleanup("helperuser")
+        assert report.lines() == ["server: none found", "floating IPs released: none", "leases deleted: none"]
+        assert chameleon.release_floating_ips([ip]) == []
+    finally:
+        fake.SERVER_BUILD_POLLS = 2
+        for p in patchers:
+            p.stop()
+        chi.context.reset()

@@ -1,0 +1,197 @@
+"""The shell steps the notebooks give for the GPU host (`# runs on node-serve-system`)
+name files, services, containers, variables, make targets and kit commands that
+exist; and the in-container notebooks' default URLs are the ones the Compose
+stacks give the Jupyter container."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import shlex
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from conftest import NOTEBOOKS_DIR, REPO_ROOT
+from servelab import notebooks
+
+KIT_ON_NODE = "~/serve-system-chi"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+SHELL_NOTEBOOKS = ("3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton")
+
+
+def node_blocks(name: str) -> list[str]:
+    """Shell blocks meant for the GPU host, from markdown cells."""
+    nb = nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
+    blocks = []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for _lang, body in FENCE.findall(cell.source):
+                if notebooks.runs_label(body) == notebooks.RUNS_NODE:
+                    blocks.append(body)
+    return blocks
+
+
+def node_commands(name: str) -> list[list[str]]:
+    """Each command line of those blocks, split like a shell would (one level of && / ; / |)."""
+    commands = []
+    for block in node_blocks(name):
+        for line in block.splitlines():
+            line = line.split(" #", 1)[0].strip()
+            if not line or line.startswith("#"):
+                continue
+            for part in re.split(r"\s*(?:&&|;|\|\|?)\s*", line):
+                if part:
+                    commands.append(shlex.split(part))
+    return commands
+
+
+def compose_file(path_on_node: str) -> Path:
+    assert path_on_node.startswith(KIT_ON_NODE + "/"), f"{path_on_node}: give paths inside the kit's clone"
+    return REPO_ROOT / path_on_node[len(KIT_ON_NODE) + 1:]
+
+
+def load_compose(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def _container_names(files: list[Path]) -> set[str]:
+    names = set()
+    for f in files:
+        for svc in (load_compose(f).get("services") or {}).values():
+            if svc.get("container_name"):
+                names.add(svc["container_name"])
+    return names
+
+
+def _make_targets() -> set[str]:
+    text = (REPO_ROOT / "Makefile").read_text()
+    return set(re.findall(r"^([A-Za-z0-9_.-]+):", text, re.M))
+
+
+def _servelab_parser():
+    from servelab import cli
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return parser, sub
+
+
+def _check_servelab_command(argv: list[str]) -> None:
+    """`python -m servelab <cmd> ...` parses with the kit's CLI (or the module's own parser
+    while the lead has not registered it in servelab/cli.py yet)."""
+    parser, sub = _servelab_parser()
+    if argv[0] not in sub.choices:
+        module = importlib.import_module(f"servelab.{argv[0]}")
+        parser = argparse.ArgumentParser(prog="servelab")
+        module.add_parser(parser.add_subparsers(dest="command"))
+    try:
+        parser.parse_args(argv)
+    except SystemExit as exc:
+        raise AssertionError(f"`python -m servelab {' '.join(argv)}` does not parse") from exc
+
+
+@pytest.mark.parametrize("name", SHELL_NOTEBOOKS)
+def test_host_commands_name_things_that_exist(name):
+    commands = node_commands(name)
+    if name in ("3_fastapi_setup", "5_triton_setup"):
+        assert commands, "setup notebooks are made of host commands"
+    files_used: list[Path] = []
+    for argv in commands:
+        env_vars = []
+        while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", argv[0]):
+            env_vars.append(argv.pop(0).split("=", 1)[0])
+        if not argv:
+            continue
+        if argv[:2] == ["docker", "compose"]:
+            files = [compose_file(argv[i + 1]) for i, a in enumerate(argv) if a == "-f"]
+            assert files, f"{' '.join(argv)}: say which stack with -f"
+            for f in files:
+                assert f.is_file(), f"{f} does not exist"
+            files_used += files
+            specs = [load_compose(f) for f in files]
+            services = set().union(*[(s.get("services") or {}).keys() for s in specs])
+            text = "\n".join(f.read_text() for f in files)
+            for var in env_vars:
+                assert re.search(r"\$\{" + var + r"[:}\-?]", text), f"{var} is not a variable of {files}"
+            rest = [a for a in argv[2:] if a not in ("-f",) and not a.startswith("-")
+                    and not a.startswith(KIT_ON_NODE)]
+            verb, targets = rest[0], rest[1:]
+            assert verb in ("up", "down", "ps", "logs", "build", "restart", "config", "stop", "pull"), verb
+            for svc in targets:
+                assert svc in services, f"{svc} is not a service of {files}"
+        elif argv[0] == "docker" and argv[1] in ("exec", "logs", "restart", "stats"):
+            container = next(a for a in argv[2:] if not a.startswith("-"))
+            known = _container_names(list((REPO_ROOT / "docker").glob("docker-compose-*.yaml")))
+            assert container in known, f"docker {argv[1]} {container}: no such container_name in docker/"
+        elif argv[0] == "cd":
+            assert argv[1] == KIT_ON_NODE
+        elif argv[0] == "make":
+            for target in argv[1:]:
+                assert target in _make_targets(), f"make {target}: no such target"
+        elif argv[0].endswith("python") and argv[1:3] == ["-m", "servelab"]:
+            assert argv[0] == ".venv/bin/python", "the kit's venv on the node is .venv (made by make)"
+            _check_servelab_command(argv[3:])
+    if name in ("3_fastapi_setup", "5_triton_setup"):
+        stack = "fastapi" if name.startswith("3") else "triton"
+        assert compose_file(f"{KIT_ON_NODE}/docker/docker-compose-{stack}.yaml") in files_used
+
+
+def test_setup_notebooks_use_the_stacks_published_ports():
+    """Notebook 3 sends students to :8000/docs, :80 and :8888; the FastAPI stack publishes them."""
+    spec = load_compose(REPO_ROOT / "docker" / "docker-compose-fastapi.yaml")
+    published = {svc: [str(p) for p in s.get("ports", [])] for svc, s in spec["services"].items()}
+    assert any(p.endswith("8000:8000") for p in published["fastapi_server"])
+    assert any(p.endswith("80:5000") for p in published["flask"])
+    assert any(p.endswith("8888:8888") for p in published["jupyter"])
+    text = "\n".join(c.source for c in nbformat.read(NOTEBOOKS_DIR / "3_fastapi_setup.ipynb", as_version=4).cells)
+    for url in ("http://<floating IP>:8000/docs", "http://<floating IP>/", "http://<floating IP>:8888/"):
+        assert url in text
+
+
+@pytest.mark.parametrize("stack, service, container", [
+    ("fastapi", "fastapi_server", "fastapi_server"), ("fastapi", "flask", "flask"), ("fastapi", "jupyter", "jupyter"),
+    ("triton", "triton_server", "triton_server"), ("triton", "flask", "flask"), ("triton", "jupyter", "jupyter"),
+])
+def test_stacks_have_the_container_names_the_notebooks_use(stack, service, container):
+    spec = load_compose(REPO_ROOT / "docker" / f"docker-compose-{stack}.yaml")
+    assert spec["services"][service]["container_name"] == container
+
+
+def _notebook_default(name: str, var: str) -> str:
+    """The value a notebook falls back to when environment variable ``var`` is unset."""
+    code = "\n".join(c.source for c in nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4).cells
+                     if c.cell_type == "code")
+    m = re.search(r'os\.environ\.get\(\s*"' + var + r'"\s*,\s*"([^"]+)"\s*\)', code)
+    assert m, f"{name} does not read {var} with a default"
+    return m.group(1)
+
+
+@pytest.mark.parametrize("notebook, stack, var", [
+    ("4_fastapi", "fastapi", "FASTAPI_SERVER_URL"),
+    ("6_triton", "triton", "TRITON_SERVER_URL"),
+    ("6_triton", "triton", "TRITON_MODEL_REPOSITORY"),
+])
+def test_in_container_defaults_match_the_stack(notebook, stack, var):
+    """Unchanged on Chameleon: a notebook's fallback equals what Compose gives the Jupyter container
+    (and the URL names a service of that stack)."""
+    spec = load_compose(REPO_ROOT / "docker" / f"docker-compose-{stack}.yaml")
+    env = spec["services"]["jupyter"].get("environment") or {}
+    default = _notebook_default(notebook, var)
+    if var in env:
+        assert str(env[var]) == default
+    host = re.sub(r"^https?://", "", default).split(":")[0]
+    if var.endswith("_URL"):
+        assert host in spec["services"], f"{default}: {host} is not a service of the {stack} stack"
+
+
+def test_parser_sees_every_block():
+    """The checks above would notice a missing file: the block parser finds the commands."""
+    cmds = node_commands("3_fastapi_setup")
+    assert ["docker", "exec", "jupyter", "jupyter", "server", "list"] in cmds
+    assert any(c[:3] == ["docker", "compose", "-f"] and "up" in c for c in cmds)
+    with pytest.raises(AssertionError):
+        compose_file("/home/cc/serve-system-chi/docker/docker-compose-fastapi.yaml")

@@ -1,0 +1,180 @@
+"""flask_app/app.py through Flask's test client, talking to a real FastAPI
+ONNX server on loopback (and to nothing, for the backend-down paths)."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import re
+import sys
+import tempfile
+
+import pytest
+
+from servelab import flask_backends, food11, paths, procs
+
+from .helpers import REPO, bomb_png, first_jpeg, truncated_jpeg
+
+_loaded = 0
+
+
+def load_app(monkeypatch, **env):
+    """Import flask_app/app.py afresh with ``env`` (the backend is chosen at import)."""
+    global _loaded
+    for key in ("INFERENCE_BACKEND", "FASTAPI_SERVER_URL", "TRITON_SERVER_URL", "FOOD11_MODEL_NAME"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    _loaded += 1
+    name = f"flask_app_under_test_{_loaded}"
+    spec = importlib.util.spec_from_file_location(name, REPO / "flask_app" / "app.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    module.app.testing = True
+    return module
+
+
+@pytest.fixture()
+def client(monkeypatch, onnx_server):
+    module = load_app(monkeypatch, INFERENCE_BACKEND="fastapi", FASTAPI_SERVER_URL=onnx_server.url)
+    return module.app.test_client()
+
+
+@pytest.fixture()
+def down_client(monkeypatch):
+    port = procs.free_port()  # nothing listens here
+    module = load_app(monkeypatch, INFERENCE_BACKEND="fastapi", FASTAPI_SERVER_URL=f"http://127.0.0.1:{port}")
+    return module.app.test_client()
+
+
+def upload(client, data: bytes, filename: str = "food.jpg", field: str = "file"):
+    return client.post("/predict", data={field: (io.BytesIO(data), filename)}, content_type="multipart/form-data")
+
+
+def good_upload_works(client):
+    r = upload(client, first_jpeg())
+    assert r.status_code == 200, r.get_data(as_text=True)[:500]
+    html = r.get_data(as_text=True)
+    label = re.search(r'<dd id="label">([^<]+)</dd>', html).group(1)
+    assert label.replace("&amp;", "&") in food11.LABELS
+    return html
+
+
+def test_page_is_self_contained(client):
+    r = client.get("/")
+    assert r.status_code == 200
+    html = r.get_data(as_text=True)
+    assert 'type="file"' in html and 'id="submit"' in html
+    # Every script and stylesheet comes from this app (no CDN): no absolute URLs.
+    for ref in re.findall(r'(?:src|href)="([^"]+)"', html):
+        assert not re.match(r"^(https?:)?//", ref), ref
+    assert "default-src 'self'" in r.headers["Content-Security-Policy"]
+    for asset in ("/static/style.css", "/static/app.js"):
+        assert client.get(asset).status_code == 200
+
+
+def test_upload_shows_label_probability_backend_latency_and_note(client):
+    html = good_upload_works(client)
+    prob = float(re.search(r'id="probability" data-value="([^"]+)"', html).group(1))
+    latency = float(re.search(r'id="latency" data-value="([^"]+)"', html).group(1))
+    assert 0.0 < prob <= 1.0 and latency > 0.0
+    assert 'id="answered-by">fastapi' in html
+    kind = food11.weights_kind(paths.ONNX_TARGETS[0])
+    if kind == "demo":
+        assert food11.DEMO_WEIGHTS_NOTE in html
+    assert 'id="result-image" src="data:image/jpeg;base64,' in html
+
+
+@pytest.mark.parametrize("case,data,status", [
+    ("not an image", b"this is a text file, not a photo" * 20, 400),
+    ("truncated JPEG", None, 400),
+    ("empty file", b"", 400),
+    ("decompression bomb", None, 413),
+])
+def test_bad_uploads_then_good(client, case, data, status):
+    if data is None:
+        data = truncated_jpeg() if case == "truncated JPEG" else bomb_png()
+    r = upload(client, data)
+    assert r.status_code == status, case
+    assert 'id="error-message"' in r.get_data(as_text=True)
+    good_upload_works(client)
+
+
+def test_missing_file_field_is_400(client):
+    r = client.post("/predict", data={"other": "x"}, content_type="multipart/form-data")
+    assert r.status_code == 400
+    assert client.post("/predict").status_code == 400
+    good_upload_works(client)
+
+
+def test_body_over_limit_is_413(client):
+    r = upload(client, b"\xff" * (flask_backends.MAX_UPLOAD_BYTES + 1024))
+    assert r.status_code == 413
+    assert "too large" in r.get_data(as_text=True)
+    good_upload_works(client)
+
+
+def test_uploads_never_touch_the_disk(client, monkeypatch):
+    """Werkzeug spools uploads over 500 KB to a temporary file; ours stay in memory."""
+    def no_disk(*a, **k):
+        raise AssertionError("an upload was written to a temporary file")
+
+    import werkzeug.formparser
+
+    for module in (tempfile, werkzeug.formparser):
+        for name in ("SpooledTemporaryFile", "TemporaryFile", "NamedTemporaryFile"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, no_disk)
+    big_jpeg = max((p for p in paths.sample_images()), key=lambda p: p.stat().st_size).read_bytes()
+    padded = big_jpeg + b"\0" * (700 * 1024)  # trailing bytes after the image end are ignored by decoders
+    r = upload(client, padded, filename="../../etc/passwd.jpg")
+    assert r.status_code == 200, r.get_data(as_text=True)[:300]
+    good_upload_works(client)
+
+
+def test_smoke_route_and_health(client):
+    r = client.get("/test")
+    assert r.status_code == 200
+    body = r.get_json()
+    assert body["sample"] == paths.sample_images()[0].name
+    assert body["prediction"] in food11.LABELS and 0 < body["probability"] <= 1
+    assert body["backend"] == "fastapi" and body["latency_ms"] > 0
+    h = client.get("/health")
+    assert h.status_code == 200 and h.get_json()["backend"] == "fastapi"
+
+
+def test_backend_down_gives_503_not_a_traceback(down_client):
+    r = upload(down_client, first_jpeg())
+    assert r.status_code == 503
+    html = r.get_data(as_text=True)
+    assert "not reachable" in html and "Traceback" not in html
+    assert down_client.get("/test").status_code == 503
+    assert down_client.get("/test").get_json()["error"] == "backend_unavailable"
+    assert down_client.get("/health").status_code == 503
+    # A bad upload is still a 400, even with the backend down: it is checked first.
+    assert upload(down_client, b"not an image at all").status_code == 400
+
+
+def test_backend_choice_from_env():
+    b = flask_backends.from_env({"INFERENCE_BACKEND": "fastapi", "FASTAPI_SERVER_URL": "http://h:1/"})
+    assert isinstance(b, flask_backends.FastAPIBackend) and b.target == "http://h:1/predict"
+    b = flask_backends.from_env({"INFERENCE_BACKEND": "triton"})
+    assert isinstance(b, flask_backends.TritonBackend)
+    assert (b.url, b.model) == ("127.0.0.1:8000", "food_classifier")
+    b = flask_backends.from_env({"INFERENCE_BACKEND": "triton_onnx", "TRITON_SERVER_URL": "triton_server:8000"})
+    assert isinstance(b, flask_backends.TritonOnnxBackend)
+    assert (b.url, b.model) == ("triton_server:8000", "food_classifier_onnx")
+    b = flask_backends.from_env({"INFERENCE_BACKEND": "triton_onnx", "FOOD11_MODEL_NAME": "other"})
+    assert b.model == "other"
+    with pytest.raises(SystemExit, match="INFERENCE_BACKEND"):
+        flask_backends.from_env({"INFERENCE_BACKEND": "tensorflow"})
+
+
+def test_triton_backend_down_is_503():
+    port = procs.free_port()
+    for backend in (flask_backends.TritonBackend(f"127.0.0.1:{port}", "food_classifier"),
+                    flask_backends.TritonOnnxBackend(f"127.0.0.1:{port}", "food_classifier_onnx")):
+        with pytest.raises(flask_backends.BackendUnavailable):
+            backend.classify(first_jpeg(), flask_backends.check_image(first_jpeg()))
+        assert backend.ready()[0] is False

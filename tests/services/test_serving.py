@@ -1,0 +1,104 @@
+"""servelab.serving on its own: device choice, thread sizing, the base64
+pattern the OpenAPI schema documents, model metadata."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servelab import food11, serving
+
+
+@pytest.mark.parametrize("value,expected", [("", "auto"), ("cpu", "cpu"), ("CUDA", "cuda"), (" auto ", "auto")])
+def test_requested_device(monkeypatch, value, expected):
+    monkeypatch.setenv("SERVELAB_DEVICE", value)
+    assert serving.requested_device() == expected
+
+
+def test_requested_device_rejects_typos(monkeypatch):
+    monkeypatch.setenv("SERVELAB_DEVICE", "gpu")
+    with pytest.raises(ValueError, match="SERVELAB_DEVICE"):
+        serving.requested_device()
+
+
+def test_forced_cuda_without_gpu_falls_back_to_cpu_with_a_warning(monkeypatch, caplog):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the fallback cannot happen")
+    monkeypatch.setenv("SERVELAB_DEVICE", "cuda")
+    serving.log.propagate = True
+    try:
+        with caplog.at_level("INFO", logger="servelab"):
+            assert serving.torch_device() == "cpu"
+            assert serving.onnx_providers() == ["CPUExecutionProvider"]
+    finally:
+        serving.log.propagate = False
+    assert "falling back to CPU" in caplog.text
+
+
+def test_choose_logic():
+    assert serving._choose("auto", True, "x") == "cuda"
+    assert serving._choose("auto", False, "x") == "cpu"
+    assert serving._choose("cpu", True, "x") == "cpu"
+    assert serving._choose("cuda", True, "x") == "cuda"
+    assert serving._choose("cuda", False, "x") == "cpu"
+
+
+def test_cpu_threads_override_and_validation(monkeypatch):
+    monkeypatch.setenv("SERVELAB_THREADS", "3")
+    assert serving.cpu_threads() == 3
+    monkeypatch.setenv("SERVELAB_THREADS", "0")
+    with pytest.raises(ValueError):
+        serving.cpu_threads()
+    monkeypatch.delenv("SERVELAB_THREADS")
+    assert 1 <= serving.cpu_threads() <= len(__import__("os").sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("text,expected", [("max 100000", None), ("150000 100000", 2), ("50000 100000", 1),
+                                           ("400000 100000", 4), ("garbage", None)])
+def test_cgroup_quota(tmp_path, text, expected):
+    f = tmp_path / "cpu.max"
+    f.write_text(text + "\n")
+    assert serving._cgroup_cpu_quota(str(f)) == expected
+    assert serving._cgroup_cpu_quota(str(tmp_path / "missing")) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=1, max_size=300))
+def test_every_base64_encoding_matches_the_documented_pattern(data):
+    assert re.fullmatch(serving.BASE64_PATTERN, base64.b64encode(data).decode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.from_regex(serving.BASE64_PATTERN, fullmatch=True).filter(lambda s: len(s) >= 4))
+def test_strings_matching_the_pattern_decode(text):
+    # What the schema calls valid base64, the server can decode: a
+    # schema-driven client never gets `invalid_base64` for a conforming string.
+    food11.decode_base64(text)
+
+
+def test_limits_are_consistent():
+    assert serving.MAX_BASE64_CHARS * 3 // 4 >= food11.MAX_IMAGE_BYTES
+    assert serving.MAX_BODY_BYTES > serving.MAX_BASE64_CHARS
+
+
+def test_model_info_reads_the_stamp(tmp_path):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"weights")
+    info = serving.model_info(model)
+    assert info.weights_kind == "unknown" and len(info.version) == 12  # no stamp: hash of the file
+    (tmp_path / "m.onnx.json").write_text(json.dumps({"weights_kind": "demo", "sha256": "abcdef0123456789"}))
+    info = serving.model_info(model)
+    assert (info.weights_kind, info.version, info.note) == ("demo", "abcdef012345", food11.DEMO_WEIGHTS_NOTE)
+    assert info.response_fields()["weights_kind"] == "demo"
+
+
+def test_missing_model_file_gives_a_hint(tmp_path):
+    with pytest.raises(SystemExit, match="make models"):
+        serving.require_model_file(tmp_path / "nope.pth")

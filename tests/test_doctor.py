@@ -1,0 +1,325 @@
+"""`servelab doctor`: each check driven both ways with stand-in executables on
+a PATH of their own (docker, nvidia-smi, nvidia-ctk), real sockets and real
+files; and the honest verdict on this machine (no Docker engine, no GPU)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servelab import compose, doctor, paths
+from servelab.doctor import FAIL, PASS, SKIP, WARN, Host
+
+P100S = "0, Tesla P100-PCIE-16GB, 6.0, 560.35.03\n1, Tesla P100-PCIE-16GB, 6.0, 560.35.03"
+
+
+def make_bin(tmp_path: Path, *, engine: bool = True, compose_version: str | None = "v2.40.3",
+             nvidia_runtime: bool = True, images: bool = True, gpus: str | None = P100S,
+             smi_error: str | None = None, ctk: bool = True, docker: bool = True) -> Host:
+    """A folder of small shell scripts standing in for the host's tools."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+
+    def script(name: str, body: str) -> None:
+        p = bindir / name
+        p.write_text("#!/bin/sh\n" + body)
+        p.chmod(0o755)
+
+    if docker:
+        runtimes = '{"nvidia":{"path":"nvidia-container-runtime"},"runc":{"path":"runc"}}' if nvidia_runtime \
+            else '{"runc":{"path":"runc"}}'
+        down = 'echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock." >&2; exit 1'
+        compose_line = (f'echo "Docker Compose version {compose_version}"' if compose_version
+                        else 'echo "docker: unknown command: docker compose" >&2; exit 1')
+        script("docker", f"""case "$*" in
+  "compose version") {compose_line} ;;
+  "info --format {{{{.ServerVersion}}}}") {"echo 28.2.2" if engine else down} ;;
+  "info --format {{{{json .Runtimes}}}}") {f"echo '{runtimes}'" if engine else down} ;;
+  "info --format {{{{.DockerRootDir}}}}") {f"echo {tmp_path}" if engine else down} ;;
+  "image inspect "*) {"exit 0" if images else 'echo "No such image" >&2; exit 1'} ;;
+  *) echo "unexpected: $*" >&2; exit 2 ;;
+esac
+""")
+    if smi_error is not None:
+        script("nvidia-smi", f'echo "{smi_error}"; exit 9\n')
+    elif gpus is not None:
+        lines = " ".join(f"'{line}'" for line in gpus.splitlines())
+        script("nvidia-smi", f"printf '%s\\n' {lines}\n")  # shell builtins only: PATH is this folder
+    if ctk:
+        script("nvidia-ctk", "exit 0\n")
+    return Host(path=str(bindir))
+
+
+def by_name(results) -> dict[str, doctor.Result]:
+    return {r.name: r for r in results}
+
+
+# --------------------------------------------------------------------------
+# Docker, Compose, NVIDIA toolkit
+# --------------------------------------------------------------------------
+
+def test_docker_engine(tmp_path):
+    assert doctor.check_docker(Host(path=str(tmp_path))).status == FAIL  # empty PATH: no CLI
+    assert "not found" in doctor.check_docker(Host(path=str(tmp_path))).detail
+    down = doctor.check_docker(make_bin(tmp_path / "a", engine=False))
+    assert down.status == FAIL and "Cannot connect" in down.detail and "systemctl start docker" in down.fix
+    up = doctor.check_docker(make_bin(tmp_path / "b"))
+    assert up.status == PASS and "28.2.2" in up.detail
+
+
+@pytest.mark.parametrize("version, status", [("v2.40.3", PASS), ("v2.24.0", PASS), ("v2.20.2", FAIL),
+                                             (None, FAIL)])
+def test_compose_plugin(tmp_path, version, status):
+    r = doctor.check_compose(make_bin(tmp_path, compose_version=version))
+    assert r.status == status, r
+    if status == FAIL:
+        assert "docker-compose-plugin" in r.fix
+
+
+def test_nvidia_container_toolkit(tmp_path):
+    assert doctor.check_nvidia_runtime(make_bin(tmp_path / "a"), cpu=True).status == SKIP
+    assert doctor.check_nvidia_runtime(make_bin(tmp_path / "b")).status == PASS
+    missing = doctor.check_nvidia_runtime(make_bin(tmp_path / "c", ctk=False))
+    assert missing.status == FAIL and "nvidia-ctk runtime configure" in missing.fix
+    assert doctor.check_nvidia_runtime(make_bin(tmp_path / "d", nvidia_runtime=False)).status == WARN
+    assert doctor.check_nvidia_runtime(make_bin(tmp_path / "e", engine=False)).status == WARN
+
+
+# --------------------------------------------------------------------------
+# GPUs vs the pins read from the repository's files
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pins():
+    return doctor.read_pins(paths.REPO_ROOT)
+
+
+def test_pins_are_read_from_the_files(pins):
+    assert pins.triton_tag == "24.10" and pins.sdk_tag == "24.10"
+    assert pins.torch_indexes == ("https://download.pytorch.org/whl/cu126",) * 2
+    assert pins.ort_gpu == "1.22.0"
+
+
+def test_two_p100s_pass(tmp_path, pins):
+    results = by_name(doctor.check_gpus(make_bin(tmp_path), pins))
+    assert results["NVIDIA GPUs"].status == PASS and "2 GPU(s)" in results["NVIDIA GPUs"].detail
+    assert results["Pins support these GPUs"].status == PASS
+    assert results["NVIDIA driver"].status == PASS
+
+
+def test_one_gpu_warns(tmp_path, pins):
+    results = by_name(doctor.check_gpus(make_bin(tmp_path, gpus=P100S.splitlines()[0]), pins))
+    assert results["NVIDIA GPUs"].status == WARN and "gpus: [0]" in results["NVIDIA GPUs"].fix
+
+
+def test_maxwell_gpu_is_warned_about_the_triton_pin(tmp_path, pins):
+    results = by_name(doctor.check_gpus(make_bin(tmp_path, gpus="0, Tesla M40, 5.2, 560.35.03"), pins))
+    r = results["Pins support these GPUs"]
+    assert r.status == WARN
+    assert "Triton 24.10 needs cc >= 6.0" in r.detail and "onnxruntime-gpu 1.22.0" in r.detail
+    assert "torch" not in r.detail  # cu126 wheels still run on 5.x
+
+
+def test_newer_pins_are_warned_about_on_a_p100(tmp_path):
+    """Same P100s, but a repository pinning Triton 25.01, torch cu128 and onnxruntime-gpu 1.27."""
+    repo = tmp_path / "repo"
+    for rel in ("docker/Dockerfile.triton", "docker/docker-compose-triton.yaml", "fastapi_pt/Dockerfile",
+                "fastapi_onnx/requirements.txt"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        text = (paths.REPO_ROOT / rel).read_text()
+        text = text.replace("24.10", "25.01").replace("whl/cu126", "whl/cu128")
+        text = text.replace("onnxruntime-gpu==1.22.0", "onnxruntime-gpu==1.27.0")
+        (repo / rel).write_text(text)
+    newer = doctor.read_pins(repo)
+    assert newer.triton_tag == "25.01" and newer.ort_gpu == "1.27.0"
+    r = by_name(doctor.check_gpus(make_bin(tmp_path), newer))["Pins support these GPUs"]
+    assert r.status == WARN and "cu126" in r.fix
+    for what in ("Triton 25.01", "torch wheels cu128", "onnxruntime-gpu 1.27.0"):
+        assert what in r.detail
+
+
+@pytest.mark.parametrize("driver, ok", [("560.35.03", True), ("575.51.03", True), ("535.183.01", True),
+                                        ("550.54.15", False), ("470.256.02", True), ("390.157", False)])
+def test_driver_versions(tmp_path, pins, driver, ok):
+    r = by_name(doctor.check_gpus(make_bin(tmp_path, gpus=f"0, Tesla P100-PCIE-16GB, 6.0, {driver}"), pins))
+    assert r["NVIDIA driver"].status == (PASS if ok else FAIL)
+
+
+def test_no_gpu(tmp_path, pins):
+    missing = doctor.check_gpus(make_bin(tmp_path / "a", gpus=None), pins)
+    assert [r.status for r in missing] == [FAIL] and "nvidia-smi: not found" in missing[0].detail
+    broken = doctor.check_gpus(make_bin(tmp_path / "b", smi_error="NVIDIA-SMI has failed because it "
+                                        "couldn't communicate with the NVIDIA driver"), pins)
+    assert broken[0].status == FAIL and "couldn't communicate" in broken[0].detail
+    assert "--cpu" in broken[0].fix
+    assert [r.status for r in doctor.check_gpus(make_bin(tmp_path / "c", gpus=None), pins, cpu=True)] == [SKIP]
+
+
+# --------------------------------------------------------------------------
+# Ports, disk, artifacts, ONNX versions, images, secrets
+# --------------------------------------------------------------------------
+
+def test_ports_free_and_busy():
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    try:
+        busy = doctor.check_ports([port])
+        assert busy.status == FAIL and str(port) in busy.detail
+    finally:
+        listener.close()
+    assert doctor.check_ports([port]).status == PASS
+
+
+def test_disk_space(tmp_path):
+    assert doctor.check_disk(tmp_path, 0).status == PASS
+    r = doctor.check_disk(tmp_path / "not" / "yet", 10 ** 9)  # nearest existing folder is measured
+    assert r.status == FAIL and str(tmp_path) in r.detail
+
+
+def test_artifacts(tmp_path):
+    r = doctor.check_artifacts(tmp_path, ("fastapi", "triton"))
+    assert r.status == FAIL and "fastapi_pt/food11.pth" in r.detail and "make models" in r.fix
+    assert "models_staging" not in doctor.check_artifacts(tmp_path, ("fastapi",)).detail
+    for p in doctor.artifact_paths(tmp_path, ("fastapi", "triton")):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+    assert doctor.check_artifacts(tmp_path, ("fastapi", "triton")).status == PASS
+
+
+def _tiny_onnx(ir_version: int, opset: int) -> bytes:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                    helper.make_opsetid("com.example", 99)])
+    model.ir_version = ir_version
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("ir, opset", [(8, 17), (10, 21), (11, 23)])
+def test_onnx_versions_are_read_without_the_onnx_package(ir, opset):
+    assert doctor.onnx_versions(_tiny_onnx(ir, opset)) == (ir, opset)
+
+
+def test_onnx_versions_of_the_built_model(built_models):
+    import onnx
+
+    path = paths.ONNX_TARGETS[0]
+    model = onnx.load(str(path), load_external_data=False)
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    assert doctor.onnx_versions(path.read_bytes()) == (model.ir_version, opset)
+
+
+def test_onnx_compat(tmp_path):
+    assert doctor.check_onnx_compat(tmp_path, ("triton",)).status == SKIP
+    target = doctor.artifact_paths(tmp_path, ("triton",))
+    onnx_path = next(p for p in target if p.suffix == ".onnx")
+    onnx_path.parent.mkdir(parents=True)
+    onnx_path.write_bytes(_tiny_onnx(8, 17))
+    assert doctor.check_onnx_compat(tmp_path, ("triton",)).status == PASS
+    onnx_path.write_bytes(_tiny_onnx(11, 17))  # what a newer exporter may write: ORT 1.19 refuses it
+    r = doctor.check_onnx_compat(tmp_path, ("triton",))
+    assert r.status == FAIL and "IR 11" in r.detail
+    onnx_path.write_bytes(_tiny_onnx(10, 22))
+    assert doctor.check_onnx_compat(tmp_path, ("triton",)).status == FAIL
+
+
+def test_triton_images(tmp_path, pins):
+    assert doctor.check_images(make_bin(tmp_path / "a"), pins, engine_ok=False).status == WARN
+    missing = doctor.check_images(make_bin(tmp_path / "b", images=False), pins, engine_ok=True)
+    assert missing.status == WARN and "docker pull nvcr.io/nvidia/tritonserver:24.10-py3" in missing.fix
+    assert doctor.check_images(make_bin(tmp_path / "c"), pins, engine_ok=True).status == PASS
+    mixed = doctor.Pins(triton_tag="24.10", sdk_tag="24.12")
+    assert doctor.check_images(make_bin(tmp_path / "d"), mixed, engine_ok=True).status == FAIL
+    assert doctor.check_images(make_bin(tmp_path / "e"), doctor.Pins(), engine_ok=True).status == FAIL
+
+
+def test_env_file_secrets(tmp_path):
+    env = tmp_path / ".env"
+    r = doctor.check_env_file(env)
+    assert r.status == FAIL and "--write-env" in r.fix
+    env.write_text("JUPYTER_TOKEN=change-me\nTRITON_ADMIN_KEY=\n")  # .env.example copied unchanged
+    assert doctor.check_env_file(env).status == FAIL
+    env.write_text("# mine\nJUPYTER_TOKEN=kept-by-the-instructor\n")
+    assert compose.write_env_file(env) == ["TRITON_ADMIN_KEY"]
+    values = compose.read_env_file(env)
+    assert values["JUPYTER_TOKEN"] == "kept-by-the-instructor"
+    assert len(values["TRITON_ADMIN_KEY"]) >= 32
+    assert stat.S_IMODE(env.stat().st_mode) == 0o600
+    assert doctor.check_env_file(env).status == PASS
+    assert compose.write_env_file(env) == []  # nothing to do the second time
+    env.chmod(0o644)
+    assert doctor.check_env_file(env).status == WARN
+    other = tmp_path / "other.env"
+    compose.write_env_file(other)
+    assert compose.read_env_file(other)["TRITON_ADMIN_KEY"] != values["TRITON_ADMIN_KEY"]
+
+
+# --------------------------------------------------------------------------
+# Whole runs
+# --------------------------------------------------------------------------
+
+def test_a_ready_gpu_node_passes_everything(tmp_path, built_models):
+    env = tmp_path / ".env"
+    compose.write_env_file(env)
+    results = doctor.run_checks(host=make_bin(tmp_path), repo=paths.REPO_ROOT, min_free_gb=0, env_file=env,
+                                ports=[])
+    assert {r.name: r.status for r in results if r.status != PASS} == {}
+    table = doctor.format_table(results)
+    assert "0 failed" in table and "ready for the lab" in table
+
+
+def test_a_cpu_host_skips_the_gpu_checks(tmp_path, built_models):
+    env = tmp_path / ".env"
+    compose.write_env_file(env)
+    results = by_name(doctor.run_checks(host=make_bin(tmp_path, gpus=None, ctk=False), cpu=True,
+                                        min_free_gb=0, env_file=env, ports=[]))
+    assert results["NVIDIA GPUs"].status == SKIP and results["NVIDIA container toolkit"].status == SKIP
+    assert all(r.status in (PASS, SKIP) for r in results.values())
+
+
+def _docker_engine_here() -> bool:
+    return shutil.which("docker") is not None and subprocess.run(
+        ["docker", "info"], capture_output=True, timeout=30).returncode == 0
+
+
+def test_doctor_on_this_machine_reports_what_is_missing_and_fails(tmp_path):
+    if _docker_engine_here():
+        pytest.skip("this host has a Docker engine; the check below is for the engine-less dev machine")
+    out = subprocess.run([sys.executable, "-m", "servelab.doctor", "--env-file", str(tmp_path / "none.env")],
+                         capture_output=True, text=True, timeout=120, cwd=paths.REPO_ROOT)
+    assert out.returncode == 1, out.stdout + out.stderr
+    rows = {line[6:].split("  ")[0]: line[:4] for line in out.stdout.splitlines()
+            if line[:4] in (PASS, WARN, FAIL, SKIP)}
+    assert rows["Docker engine"] == FAIL
+    assert rows["NVIDIA GPUs"] == (FAIL if shutil.which("nvidia-smi") is None else rows["NVIDIA GPUs"])
+    assert rows["Secrets in docker/.env"] == FAIL
+    assert "fix: " in out.stdout and "NOT ready" in out.stdout
+
+
+def test_write_env_from_the_command_line(tmp_path):
+    env = tmp_path / "docker.env"
+    out = subprocess.run([sys.executable, "-m", "servelab.doctor", "--write-env", "--env-file", str(env),
+                          "--cpu"], capture_output=True, text=True, timeout=120, cwd=paths.REPO_ROOT)
+    assert "generated JUPYTER_TOKEN, TRITON_ADMIN_KEY" in out.stdout
+    assert compose.missing_secrets(env) == []
+    assert "PASS  Secrets in docker/.env" in out.stdout
+
+
+def test_servelab_doctor_is_a_cli_subcommand():
+    out = subprocess.run([sys.executable, "-m", "servelab", "doctor", "--help"], capture_output=True,
+                         text=True, timeout=60, cwd=paths.REPO_ROOT, env={**os.environ, "COLUMNS": "100"})
+    assert out.returncode == 0, out.stderr
+    assert "--cpu" in out.stdout and "--write-env" in out.stdout
