@@ -25,11 +25,11 @@ from servelab import food11, serving
 MODEL_PATH = Path(os.environ.get("MODEL_PATH", Path(__file__).with_name("food11.onnx")))
 
 # --- CPU threads: the lesson of this file --------------------------------
-# ONNX Runtime runs one inference on a pool of intra-op threads. Size that
-# pool to the cores we have and run one inference at a time (the lock):
-# concurrent Run() calls on one session would share the pool and contend
-# for the same cores, so 16 clients would each be slower, not faster.
-THREADS = serving.cpu_threads()
+# The same rule as in the PyTorch service: WORKERS inferences at once, each
+# on THREADS intra-op threads, WORKERS x THREADS = cores. (Run() may be called
+# from several threads at once; more calls than WORKERS would only contend
+# for the same cores.)
+WORKERS, THREADS = serving.inference_layout()   # SERVELAB_INFERENCE_WORKERS; default 1 x all cores
 options = ort.SessionOptions()
 options.intra_op_num_threads = THREADS                        # threads inside one inference
 options.inter_op_num_threads = 1                              # no parallel branches to run
@@ -46,7 +46,7 @@ info = serving.model_info(MODEL_PATH)
 
 session.run(None, {input_name: np.zeros((1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE), np.float32)})  # warm-up
 
-inference_lock = threading.Lock()                             # one inference at a time (see above)
+inference_slots = threading.BoundedSemaphore(WORKERS)        # at most WORKERS inferences at once
 
 app = FastAPI(
     title="Food-11 classifier (ONNX Runtime)",
@@ -73,7 +73,7 @@ class PredictResponse(BaseModel):
 def health():
     return {"status": "ok", "model": info.name, "model_version": info.version,
             "weights_kind": info.weights_kind, "backend": "onnxruntime", "device": device,
-            "providers": session.get_providers(), "threads": THREADS}
+            "providers": session.get_providers(), "workers": WORKERS, "threads": THREADS}
 
 
 # `def`, not `async def`: FastAPI runs it in its threadpool, so decoding the
@@ -83,7 +83,7 @@ def predict(request: PredictRequest):
     x = food11.preprocess_base64(request.image)               # bad input → 400/413 JSON
     batch = x[np.newaxis]                                     # [1, 3, 224, 224] float32
 
-    with inference_lock:
+    with inference_slots:
         logits = session.run(None, {input_name: batch})[0]    # [1, 11]
 
     top = food11.predict_from_logits(logits)[0]               # softmax → label, probability

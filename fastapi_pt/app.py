@@ -25,16 +25,19 @@ from servelab import food11, serving
 MODEL_PATH = Path(os.environ.get("MODEL_PATH", Path(__file__).with_name("food11.pth")))
 
 # --- CPU threads: the lesson of this file --------------------------------
-# One PyTorch forward pass can already use every core (intra-op threads).
-# If 16 requests each ran their own forward pass at the same time, 16 × N
-# threads would fight over N cores and every request would get slower
-# (the earlier version of this lab served 16 clients slower than one).
-# So: give PyTorch exactly as many threads as this process has cores, and
-# run one forward pass at a time (the lock below). Concurrent requests then
-# wait in a queue, and queueing delay, not thrashing, is what you measure.
-THREADS = serving.cpu_threads()          # cores we may use (honours Docker --cpus)
-torch.set_num_threads(THREADS)           # intra-op: threads inside one forward pass
-torch.set_num_interop_threads(1)         # inter-op: MobileNetV2 is one chain of ops
+# A server process has a fixed number of cores. Every request that runs a
+# forward pass at the same time as others competes for them, and PyTorch can
+# also split one forward pass over several intra-op threads. If 16 requests
+# each ran a forward pass with N threads, 16 x N threads would fight over N
+# cores and every request would get slower (the earlier version of this lab
+# served 16 clients slower than one). So we decide up front:
+#   WORKERS  forward passes allowed at once (the semaphore below);
+#   THREADS  intra-op threads per forward pass;
+# with WORKERS x THREADS = cores. Requests beyond WORKERS wait in a queue, so
+# what you measure under load is queueing delay, not thrashing.
+WORKERS, THREADS = serving.inference_layout()   # SERVELAB_INFERENCE_WORKERS; default 1 x all cores
+torch.set_num_threads(THREADS)                  # intra-op: threads inside one forward pass
+torch.set_num_interop_threads(1)                # inter-op: MobileNetV2 is one chain of ops
 
 # --- Load the model once, when the server starts ------------------------
 # uvicorn opens its port only after this module is imported, so a client that
@@ -47,7 +50,7 @@ info = serving.model_info(MODEL_PATH)    # version and demo/trained weights, sho
 with torch.inference_mode():             # warm-up: the first call allocates memory, picks kernels
     model(torch.zeros(1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE, device=device))
 
-inference_lock = threading.Lock()        # one forward pass at a time (see above)
+inference_slots = threading.BoundedSemaphore(WORKERS)   # at most WORKERS forward passes at once
 
 app = FastAPI(
     title="Food-11 classifier (PyTorch)",
@@ -74,12 +77,12 @@ class PredictResponse(BaseModel):
 def health():
     return {"status": "ok", "model": info.name, "model_version": info.version,
             "weights_kind": info.weights_kind, "backend": "pytorch", "device": device,
-            "threads": THREADS}
+            "workers": WORKERS, "threads": THREADS}
 
 
 # A plain `def` endpoint: FastAPI runs it in its worker threadpool, so while
-# one request holds the lock for its forward pass, others decode their images
-# in parallel and then queue for the model.
+# one request runs its forward pass, others decode their images and then
+# queue for a free slot.
 @app.post("/predict", response_model=PredictResponse, responses=serving.ERROR_RESPONSES)
 def predict(request: PredictRequest):
     # base64 → image → float32 [3, 224, 224]. Bad input raises
@@ -87,7 +90,7 @@ def predict(request: PredictRequest):
     x = food11.preprocess_base64(request.image)
     batch = torch.from_numpy(x).unsqueeze(0).to(device)        # [1, 3, 224, 224]
 
-    with inference_lock, torch.inference_mode():
+    with inference_slots, torch.inference_mode():
         logits = model(batch)                                   # [1, 11]
 
     # Softmax turns logits into probabilities that sum to 1 over the classes.

@@ -10,8 +10,11 @@ two builds of the same source differ byte for byte, and ``jupytext --diff``
 exits 0 even when files differ. Here cell ids come from a hash of the
 notebook name, the cell's position and its content; notebook metadata is
 reduced to the kernelspec, and outputs are never written. Building twice gives
-the same bytes, and ``check`` compares what matters (cell type, source, tags)
-itself.
+the same bytes, and ``check_sources`` compares what matters (cell type,
+source, tags) itself.
+
+The second half of the module holds the few helpers the measurement
+notebooks import (``check``, ``wait_for_backend``, ``reload_from_files``).
 """
 
 from __future__ import annotations
@@ -122,7 +125,7 @@ def cell_summary(nb) -> list[tuple[str, str, tuple[str, ...]]]:
     return [(c.cell_type, c.source.strip("\n"), tuple(c.metadata.get("tags", ()))) for c in nb.cells]
 
 
-def check(source_dir: Path = SOURCE_DIR, out_dir: Path | None = None) -> list[str]:
+def check_sources(source_dir: Path = SOURCE_DIR, out_dir: Path | None = None) -> list[str]:
     """Problems found (empty when every committed .ipynb matches its source)."""
     import nbformat
 
@@ -211,7 +214,7 @@ def _cmd_build(args) -> int:
 
 
 def _cmd_check(args) -> int:
-    problems = check()
+    problems = check_sources()
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     if problems:
@@ -239,13 +242,12 @@ CHECK_PASS = "✔ as expected"
 CHECK_FAIL = "✘ not what the lesson predicts"
 
 
-def check(passed: bool, expected: str, measured: str) -> bool:
-    """Tell the learner whether a measurement shows what it should."""
+def check(passed: bool, expected: str, measured: str) -> None:
+    """Tell the learner whether a measurement shows what it should (prints one ✔ or ✘ line)."""
     mark = CHECK_PASS if passed else CHECK_FAIL
     print(f"{mark}: {expected}\n    measured: {measured}")
     if not passed:
         print("    (a busy machine or very few requests can do this: run the cell again, or compare with the answer key)")
-    return bool(passed)
 
 
 def wait_for_backend(url: str, backend: str, timeout_s: float = 900.0, poll_s: float = 5.0,

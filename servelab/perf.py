@@ -272,6 +272,10 @@ def _parse_block(header_kind: str, header_value: float, block: str) -> dict:
     m = re.search(r"Request count: ([0-9]+)", client)
     if m:
         entry["request_count"] = int(m.group(1))
+    m = re.search(r"Avg send request rate: " + _NUM + r" infer/sec", client)
+    if m:
+        entry["send_rate"] = float(m.group(1))
+    entry["delayed_warning"] = "was not able to keep up" in client
     m = re.search(r"Throughput: " + _NUM + r" infer/sec", client)
     if m:
         entry["throughput"] = float(m.group(1))
@@ -315,7 +319,8 @@ def parse_output(text: str) -> list[dict]:
     ``compute_input_us``, ``compute_infer_us``, ``compute_output_us``,
     ``avg_batch``). Also reads ``batch_size`` from the settings header."""
     batch = re.search(r"Batch size: ([0-9]+)", text)
-    heads = list(re.finditer(r"^Request (concurrency|Rate): " + _NUM + r"\s*$", text, re.M))
+    heads = list(re.finditer(
+        r"^Request (concurrency|Rate): " + _NUM + r"(?: inference requests per seconds?)?\s*$", text, re.M))
     results = []
     for i, head in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else len(text)

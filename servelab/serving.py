@@ -79,6 +79,28 @@ def _cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
         return None
 
 
+def inference_layout(default_workers: int = 1) -> tuple[int, int]:
+    """(workers, threads): how many inferences may run at once in this
+    process, and how many intra-op threads each may use, so that
+    workers x threads = the cores we have (never more: oversubscribed
+    threads wait on each other and every request gets slower).
+
+    ``SERVELAB_INFERENCE_WORKERS`` sets the workers (default
+    ``default_workers``, at most the number of cores)."""
+    cores = cpu_threads()
+    raw = os.environ.get("SERVELAB_INFERENCE_WORKERS", "").strip()
+    try:
+        workers = int(raw) if raw else default_workers
+    except ValueError:
+        raise ValueError(f"SERVELAB_INFERENCE_WORKERS must be a positive integer, got {raw!r}") from None
+    if workers < 1:
+        raise ValueError(f"SERVELAB_INFERENCE_WORKERS must be a positive integer, got {raw!r}")
+    workers = min(workers, cores)
+    threads = max(1, cores // workers)
+    log.info("inference: %d worker(s) x %d intra-op thread(s) on %d core(s)", workers, threads, cores)
+    return workers, threads
+
+
 def requested_device() -> str:
     """``SERVELAB_DEVICE``: 'cpu', 'cuda' or 'auto' (unset or empty)."""
     value = os.environ.get("SERVELAB_DEVICE", "").strip().lower() or "auto"

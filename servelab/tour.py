@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servelab import paths
-from servelab.bench import load, plots, queueing, table, targets
+from servelab.bench import load, queueing, table, targets
 from servelab.bench.load import Result
 from servelab.bench.triton import HostCPUObserver, TritonObserver
 
@@ -207,6 +207,8 @@ def triton_onnx_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_url:
 # --------------------------------------------------------------------------
 
 def _plots(t: Tour) -> dict[str, str]:
+    from servelab.bench import plots  # matplotlib, imported only when drawing
+
     out, files = t.out, {}
 
     def save(name, fn, *a, **kw):
@@ -226,9 +228,10 @@ def _plots(t: Tour) -> dict[str, str]:
              title="Triton Python model: throughput vs concurrency")
         save("triton_python_queue_compute.png", plots.queue_vs_compute, [r for rs in py.values() for r in rs],
              title="Triton Python model: queue vs compute per request")
-        save("triton_python_utilization.png", plots.utilization, [r for rs in py.values() for r in rs],
-             series="GPU" if any(k.startswith("GPU") for r in rs for k in (r.utilization or {}).get("series", {}))
-             else "CPU", title="Triton Python model: utilization during each run")
+        py_runs = [r for rs in py.values() for r in rs]
+        gpu = any(k.startswith("GPU") for r in py_runs for k in (r.utilization or {}).get("series", {}))
+        save("triton_python_utilization.png", plots.utilization, py_runs, series="GPU" if gpu else "CPU",
+             title="Triton Python model: utilization during each run")
     onnx = [r for k, rs in t.groups.items() if k.startswith("Triton ONNX · batching") for r in rs]
     if onnx:
         save("onnx_latency_cdf.png", plots.latency_cdf, onnx, title="Triton ONNX: latency CDF by arrivals and batching")

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from servelab.bench import load, plots, table, targets
+from servelab.bench import http, load, table, targets
 
 
 def _numbers(kind):
@@ -70,7 +70,7 @@ def build_target(args) -> targets.Target:
     if args.kind == "http":
         if not args.url:
             raise SystemExit("servelab bench http: give the URL to GET")
-        host, port, path = __import__("servelab.bench.http", fromlist=["x"]).split_url(args.url)
+        host, port, path = http.split_url(args.url)
         return targets.HTTPTarget(f"http://{host}:{port}", path or "/", timeout=args.timeout)
     url = args.url or os.environ.get("TRITON_SERVER_URL", "127.0.0.1:8000")
     if args.grpc:
@@ -99,9 +99,9 @@ def main(args) -> int:
         return 2
 
     def observers():
+        from servelab.bench.triton import HostCPUObserver, TritonObserver
         if args.kind != "triton":
-            return [__import__("servelab.bench.triton", fromlist=["x"]).HostCPUObserver()] if args.out else []
-        from servelab.bench.triton import TritonObserver
+            return [HostCPUObserver()] if args.out else []
         stats_url = args.stats_url or (None if args.grpc else (args.url or os.environ.get("TRITON_SERVER_URL", "127.0.0.1:8000")))
         if not stats_url:
             return []
@@ -114,6 +114,7 @@ def main(args) -> int:
         if r.errors:
             print(f"{r.label}: errors " + ", ".join(f"{k} x{v}" for k, v in r.errors.items()))
     if args.out:
+        from servelab.bench import plots  # matplotlib: only when plots are wanted
         args.out.mkdir(parents=True, exist_ok=True)
         load.save_json(results, args.out / "results.json")
         load.save_csv(results, args.out / "results.csv")

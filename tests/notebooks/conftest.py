@@ -76,7 +76,8 @@ def base_kernel_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OS_")}
     env.pop("JUPYTER_PLATFORM_DIRS", None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    env["MPLBACKEND"] = "Agg"
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.pop("MPLBACKEND", None)
     env.update(extra)
     return env
 

@@ -47,7 +47,7 @@ def test_the_lab_has_its_notebooks_in_order():
 
 
 def test_committed_notebooks_match_their_sources():
-    assert notebooks.check() == []
+    assert notebooks.check_sources() == []
 
 
 def test_build_is_byte_stable_and_clean(tmp_path):
@@ -81,7 +81,7 @@ def test_check_fails_when_a_notebook_drifts(copy, tamper, expect):
     nb = nbformat.read(target, as_version=4)
     tamper(nb)
     target.write_text(json.dumps(nb, indent=1))
-    problems = notebooks.check(copy / "src", copy)
+    problems = notebooks.check_sources(copy / "src", copy)
     assert len(problems) == 1 and problems[0].startswith("2_create_server_nvidia.ipynb") and expect in problems[0]
 
 
@@ -102,14 +102,14 @@ def test_check_fails_on_changed_tags_outputs_strays_and_missing(copy):
     # A notebook without source, and a source without notebook.
     (copy / "9_extra.ipynb").write_text((copy / "0_intro.ipynb").read_text())
     (copy / "1_create_lease.ipynb").unlink()
-    problems = "\n".join(notebooks.check(copy / "src", copy))
+    problems = "\n".join(notebooks.check_sources(copy / "src", copy))
     assert "6_triton.ipynb: differs" in problems and "tags differ" in problems
     assert "4_fastapi.ipynb: has outputs" in problems
     assert "9_extra.ipynb: no source" in problems
     assert "1_create_lease.ipynb: missing" in problems
     # Building repairs everything but the stray.
     notebooks.build(copy / "src", copy, quiet=True)
-    assert [p for p in notebooks.check(copy / "src", copy) if "9_extra" not in p] == []
+    assert [p for p in notebooks.check_sources(copy / "src", copy) if "9_extra" not in p] == []
 
 
 def test_pull_brings_jupyter_edits_back_to_the_source(copy):
@@ -122,7 +122,7 @@ def test_pull_brings_jupyter_edits_back_to_the_source(copy):
     notebooks.pull("4_fastapi", copy / "src", copy)
     assert "print('added in Jupyter')" in (copy / "src" / "4_fastapi.md").read_text()
     notebooks.build(copy / "src", copy, quiet=True)
-    assert notebooks.check(copy / "src", copy) == []
+    assert notebooks.check_sources(copy / "src", copy) == []
     rebuilt = nbformat.read(target, as_version=4)
     assert notebooks.cell_summary(rebuilt)[:len(nb.cells)] == notebooks.cell_summary(nb)
     assert all(not c.get("outputs") for c in rebuilt.cells if c.cell_type == "code")
@@ -132,7 +132,7 @@ def test_unpulled_sources_are_untouched_by_pull(copy):
     before = {p.name: p.read_text() for p in (copy / "src").glob("*.md")}
     notebooks.pull("1_create_lease", copy / "src", copy)
     notebooks.build(copy / "src", copy, quiet=True)
-    assert notebooks.check(copy / "src", copy) == []
+    assert notebooks.check_sources(copy / "src", copy) == []
     after = {p.name: p.read_text() for p in (copy / "src").glob("*.md")}
     assert {k for k in before if before[k] != after[k]} <= {"1_create_lease.md"}
 

@@ -272,3 +272,28 @@ def random_bytes() -> st.SearchStrategy[bytes]:
 def hostile_images() -> st.SearchStrategy[bytes]:
     """Everything above, mixed."""
     return st.one_of(random_bytes(), valid_images(), damaged_images(), lying_headers())
+
+
+# --------------------------------------------------------------------------
+# Inputs the fuzzer found that once escaped servelab.food11.load_image as an
+# exception other than ImageDecodeError (a 500 in every service).
+# --------------------------------------------------------------------------
+
+def _dds_with_pixel_format_flags(flags: int, fourcc: bytes | None = None) -> bytes:
+    data = bytearray(encode(Image.new("RGB", (8, 8)), "DDS"))
+    data[80:84] = flags.to_bytes(4, "little")   # DDS_PIXELFORMAT.dwFlags
+    if fourcc is not None:
+        data[84:88] = fourcc                    # DDS_PIXELFORMAT.dwFourCC
+    return bytes(data)
+
+
+def _gif_with_dangling_image_separator() -> bytes:
+    data = encode(Image.new("RGB", (8, 6), (200, 10, 10)).convert("P"), "GIF")
+    return data[:-1] + b","  # the ';' trailer replaced by an image separator with no descriptor
+
+
+FINDINGS: dict[str, bytes] = {
+    "dds-unknown-pixel-format-flags": _dds_with_pixel_format_flags(0),         # NotImplementedError
+    "dds-unknown-fourcc": _dds_with_pixel_format_flags(4, b"ZZZZ"),            # NotImplementedError
+    "gif-dangling-image-separator": _gif_with_dangling_image_separator(),      # struct.error
+}

@@ -102,3 +102,25 @@ def test_model_info_reads_the_stamp(tmp_path):
 def test_missing_model_file_gives_a_hint(tmp_path):
     with pytest.raises(SystemExit, match="make models"):
         serving.require_model_file(tmp_path / "nope.pth")
+
+
+@pytest.mark.parametrize("cores,workers,expected", [("2", None, (1, 2)), ("2", "2", (2, 1)), ("4", "2", (2, 2)),
+                                                    ("2", "8", (2, 1)), ("3", "2", (2, 1))])
+def test_inference_layout_never_oversubscribes(monkeypatch, cores, workers, expected):
+    monkeypatch.setenv("SERVELAB_THREADS", cores)
+    if workers is None:
+        monkeypatch.delenv("SERVELAB_INFERENCE_WORKERS", raising=False)
+    else:
+        monkeypatch.setenv("SERVELAB_INFERENCE_WORKERS", workers)
+    w, t = serving.inference_layout()
+    assert (w, t) == expected
+    assert w * t <= int(cores)
+
+
+def test_inference_layout_rejects_nonsense(monkeypatch):
+    monkeypatch.setenv("SERVELAB_INFERENCE_WORKERS", "zero")
+    with pytest.raises(ValueError):
+        serving.inference_layout()
+    monkeypatch.setenv("SERVELAB_INFERENCE_WORKERS", "0")
+    with pytest.raises(ValueError):
+        serving.inference_layout()

@@ -11,8 +11,6 @@ import pytest
 
 from servelab import food11, paths, procs
 
-
-
 @pytest.fixture(scope="session")
 def artifacts() -> dict:
     """The model artifacts in models_staging/ (built once if missing)."""
@@ -85,6 +83,15 @@ def start_triton(tmp_path_factory, artifacts):
         )
 
     return _start
+
+
+@pytest.fixture(scope="session")
+def lab_triton(start_triton):
+    """One server with both models as the lab starts them, shared by the
+    read-only modules (test_server, test_perf)."""
+    server = start_triton()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -20,10 +20,8 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def triton(start_triton):
-    server = start_triton()
-    yield server
-    server.stop()
+def triton(lab_triton):
+    return lab_triton
 
 
 def _image_input(module, images: list[bytes]):

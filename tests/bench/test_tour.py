@@ -1,0 +1,50 @@
+"""`servelab tour` end to end at a tiny scale: real stack, real Triton, a
+report whose numbers are the ones measured, and nothing left running."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from servelab import procs, tour
+from servelab.bench import http, load, table
+
+
+def test_tour_small(built_models, tmp_path):
+    lines: list[str] = []
+    report = tour.run_tour(tour.TourConfig(scale=0.05, out=tmp_path), log=lines.append)
+    text = report.read_text()
+    results = load.load_json(tmp_path / "results.json")
+
+    # every experiment ran, and every run's counts add up with no failures
+    labels = [r.label for r in results]
+    for want in ("FastAPI PyTorch · sequential", "FastAPI ONNX · C=16", "Triton Python · 1 instance · C=8",
+                 "Triton Python · 2 instances · C=16", "batching off · poisson", "batching on · constant"):
+        assert any(want in label for label in labels), (want, labels)
+    for r in results:
+        assert r.sent == r.ok + r.error_count and r.ok > 0 and r.errors == {}, r.label
+    # Triton runs carry that run's server-side statistics only
+    for r in results:
+        if r.label.startswith("Triton"):
+            assert r.server["requests"] == r.ok, r.label
+    # the ONNX runs with dynamic batching ran on a config that has it (reported by Triton)
+    assert any("reloaded with dynamic_batching" in line for line in lines)
+    assert any("Triton reports 2 instance(s)" in line for line in lines)
+
+    # the report's summary table is exactly the measured rows
+    head, body = table.rows(results)
+    for row in body:
+        assert "| " + " | ".join(row) + " |" in text
+    # every plot the report shows exists
+    for name in re.findall(r"\]\(([^)]+\.png)\)", text):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG", name
+    comparisons = json.loads((tmp_path / "queueing.json").read_text())
+    assert len(comparisons) >= 8
+    for c in comparisons:
+        assert f"| {c['case']} |" in text and c["measured_ms"] > 0
+    # the table and the paths were printed
+    assert any(line.startswith("Report:") and str(report) in line for line in lines)
+
+    # services stopped: every port the tour used is free again
+    ports = {http.split_url(r.target["url"])[1] for r in results if r.target.get("url")}
+    assert ports and all(procs.port_is_free(p) for p in ports)

@@ -1,0 +1,81 @@
+"""4_fastapi and 6_triton executed end to end in a real kernel against real local
+servers (the kit's local stack), at reduced request counts set through the
+notebooks' environment variables; every cell succeeds and every check the
+notebook prints for the learner passes."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from conftest import REPO_ROOT, base_kernel_env, notebook_text, run_notebook
+from servelab import notebooks
+
+def _checks(text: str) -> tuple[list[str], list[str]]:
+    passed = re.findall(rf"^{re.escape(notebooks.CHECK_PASS)}: (.*)$", text, re.M)
+    failed = re.findall(rf"^{re.escape(notebooks.CHECK_FAIL)}: (.*)$", text, re.M)
+    return passed, failed
+
+
+def test_4_fastapi_runs_against_the_local_stack():
+    from servelab import stack
+
+    with stack.running(["fastapi_pt", "fastapi_onnx"], free_ports=True) as st:
+        env = base_kernel_env(**st.env, SERVELAB_NB_SEQUENTIAL="20", SERVELAB_NB_CONCURRENT="48",
+                              SERVELAB_NB_SWEEP="32")
+        assert env["FASTAPI_ONNX_URL"] != env["FASTAPI_SERVER_URL"]
+        nb = run_notebook("4_fastapi", env, timeout=600)
+    text = notebook_text(nb)
+    open("/tmp/nb4.txt", "w").write(text)
+    passed, failed = _checks(text)
+    assert not failed, text
+    assert len(passed) == 6, passed
+    # The loops report what the lab asks for, with units, and count failures separately.
+    assert re.search(r"PyTorch, sequential: 20 succeeded, 0 failed", text)
+    assert re.search(r"ONNX, 16 clients: 48 succeeded, 0 failed", text)
+    assert re.search(r"p99 [0-9.]+ ms", text)
+    assert "400" in text  # the bad request was refused with a 4xx
+    # The plots rendered as images.
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert len(images) >= 3
+
+
+def test_6_triton_runs_against_a_local_triton(tmp_path):
+    """The real Triton 2.51 (servelab.triton_local, as `servelab up` runs it) and the real
+    perf_analyzer. The notebook edits config.pbtxt files, so Triton serves a private copy
+    of models_staging/ here: the repository's own files are never touched by the test."""
+    from servelab import procs, triton_local
+
+    repo = tmp_path / "models"
+    shutil.copytree(REPO_ROOT / "models_staging", repo)
+    originals = {p: p.read_text() for p in repo.glob("*/config.pbtxt")}
+    staged = {p: p.read_text() for p in (REPO_ROOT / "models_staging").glob("*/config.pbtxt")}
+    ports = [procs.free_port() for _ in range(3)]
+    with triton_local.running(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
+        env = base_kernel_env(
+            TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_METRICS_URL=t.metrics_url,
+            TRITON_MODEL_REPOSITORY=str(repo),
+            # A fixed number of requests per measurement, no stability search: bounded time.
+            SERVELAB_NB_PERF_ARGS="--request-count 48",
+            SERVELAB_NB_RUN_SECONDS="6",
+        )
+        nb = run_notebook("6_triton", env, timeout=600)
+        final = {m: t.model_config(m) for m in ("food_classifier", "food_classifier_onnx")}
+    text = notebook_text(nb)
+    open("/tmp/nb6.txt", "w").write(text)
+    passed, failed = _checks(text)
+    assert not failed, text
+    assert len(passed) == 12, passed
+    # The notebook reconfigured Triton through its files and put them back.
+    assert "food_classifier: instances 4 x KIND_CPU" in text or "food_classifier: instances 4 x KIND_GPU" in text
+    assert "dynamic batching on" in text
+    assert {p: p.read_text() for p in repo.glob("*/config.pbtxt")} == originals
+    assert {p: p.read_text() for p in (REPO_ROOT / "models_staging").glob("*/config.pbtxt")} == staged
+    for cfg in final.values():
+        assert [g.get("count") for g in cfg["instance_group"]] == [1] and "dynamic_batching" not in cfg
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert len(images) >= 4

@@ -1,0 +1,173 @@
+"""Live reconfiguration through Triton's repository API: instance count,
+dynamic batching (observable in the statistics), the sticky override, the
+CLI; then a clean shutdown."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servelab import perf, procs, triton_local
+
+httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def triton(start_triton):
+    server = start_triton()
+    yield server
+    server.stop()
+
+
+def wait_for_stubs(triton, model, count, timeout=90.0):
+    """Old instances exit a little after a reload: wait for the new count."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stubs = triton.stub_processes(model)
+        if len(stubs) == count or time.monotonic() > deadline:
+            return stubs
+        time.sleep(0.25)
+
+
+def test_instance_count_reload_shows_in_config_and_processes(triton):
+    assert len(triton.stub_processes("food_classifier")) == 1
+    reported = triton.reload_model("food_classifier", {"instance_group": [{"count": 2, "kind": "KIND_GPU"}]})
+    # KIND_GPU is mapped to KIND_CPU here (no GPU), count kept.
+    assert [(g["count"], g["kind"]) for g in reported["instance_group"]] == [(2, "KIND_CPU")]
+    stubs = wait_for_stubs(triton, "food_classifier", 2)
+    assert sorted(s.instance for s in stubs) == ["food_classifier_0_0", "food_classifier_0_1"]
+    # The runtime file says the same as Triton.
+    on_disk = triton_local.load_config(triton.repo / "food_classifier")
+    assert on_disk.instance_group[0].count == 2
+    assert triton.http_client().is_model_ready("food_classifier")
+
+
+def _infer_images(url, images, errors, results, index):
+    client = httpclient.InferenceServerClient(url)
+    inp = httpclient.InferInput("INPUT_IMAGE", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[images[index]]], dtype=object))
+    try:
+        result = client.infer("food_classifier", [inp])
+        results[index] = result.as_numpy("FOOD_LABEL").reshape(-1)[0].decode()
+    except InferenceServerException as err:
+        errors[index] = err
+
+
+def test_bad_image_in_a_dynamic_batch_fails_alone(triton, sample_b64, reference):
+    # Two instances from the previous test, now with dynamic batching (which
+    # waits up to 200 ms to group requests, so concurrent ones share a batch).
+    triton.reload_model("food_classifier", "dynamic_batching { max_queue_delay_microseconds: 200000 }")
+    names = reference["names"]
+    images = [sample_b64[n] for n in names]
+    bad_at = 2
+    images.insert(bad_at, base64.b64encode(b"GIF89a but not really an image"))
+    before = triton.model_stats("food_classifier")
+    errors, results = [None] * len(images), [None] * len(images)
+    threads = [threading.Thread(target=_infer_images, args=(triton.url, images, errors, results, i))
+               for i in range(len(images))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    delta = triton_local.stats_delta(before, triton.model_stats("food_classifier"))
+    assert errors[bad_at] is not None and errors[bad_at].status() == "400"
+    assert "not_an_image" in errors[bad_at].message()
+    good = [r for i, r in enumerate(results) if i != bad_at]
+    assert good == [reference["pt"][n].label for n in names]
+    assert all(e is None for i, e in enumerate(errors) if i != bad_at)
+    # The requests really were served together (the bad one included).
+    assert max(delta["batch_sizes"]) > 1, delta
+    log = triton.log_path.read_text()
+    assert "served a batch of" in log
+
+
+def test_dynamic_batching_under_poisson_load_with_perf_analyzer(triton):
+    model = "food_classifier_onnx"
+    assert "dynamic_batching" not in triton.model_config(model)
+    reported = triton.reload_model(model, {"dynamic_batching": {"max_queue_delay_microseconds": 20000}})
+    assert int(reported["dynamic_batching"]["max_queue_delay_microseconds"]) == 20000
+    before = triton.model_stats(model)
+    run = perf.run(
+        f"-u {triton.url} -m {model} -b 1 --shape input:3,224,224 --request-rate-range 80 "
+        "--request-distribution poisson --measurement-mode count_windows --measurement-request-count 40 "
+        "--stability-percentage 999 --max-trials 3", timeout=180)
+    delta = triton_local.stats_delta(before, triton.model_stats(model))
+    assert run.ok
+    assert delta["fail_count"] == 0
+    assert max(delta["batch_sizes"]) > 1, delta
+    assert delta["avg_batch"] > 1.0
+    assert run.results[0]["server"]["avg_batch"] > 1.0
+
+
+def test_an_override_sticks_until_the_files_change(triton):
+    model = "food_classifier_onnx"
+    # Like the lab's container: send the config with load_model (no file access).
+    reported = triton_local.reload_model(model, {"max_batch_size": 8}, grpc_url=triton.grpc_url,
+                                         admin_key=triton.admin_key, via="override", verbose=False)
+    assert reported["max_batch_size"] == 8
+    # A plain load_model does not go back to the file ...
+    client = triton.grpc_client()
+    client.load_model(model, headers={triton_local.GRPC_ADMIN_HEADER: triton.admin_key})
+    assert triton.model_config(model)["max_batch_size"] == 8
+    # ... the helper's re-sync from models_staging/ does (it rewrites the file).
+    reported = triton.reload_model(model)
+    assert reported["max_batch_size"] == 16
+    assert "dynamic_batching" not in reported  # models_staging has none
+
+
+def test_a_refused_reload_leaves_the_file_as_it_was(triton):
+    model = "food_classifier_onnx"
+    before = (triton.repo / model / "config.pbtxt").read_text()
+    with pytest.raises(InferenceServerException):
+        triton_local.reload_model(model, {"max_batch_size": 4}, grpc_url=triton.grpc_url, admin_key="nope",
+                                  repo=triton.repo, source=triton.source, gpus=0, via="file", verbose=False)
+    assert (triton.repo / model / "config.pbtxt").read_text() == before
+    assert triton.model_config(model)["max_batch_size"] == 16
+
+
+def test_reload_cli_finds_the_server_and_its_key(triton):
+    """`servelab triton reload` from another process: the key comes from the
+    state file the server wrote (mode 0600)."""
+    assert triton.state_file is not None and oct(triton.state_file.stat().st_mode & 0o777) == "0o600"
+    cmd = [str(procs.venv_bin() / "python"), "-m", "servelab.triton_local", "reload", "food_classifier_onnx",
+           "--grpc-url", triton.grpc_url, "--dynamic-batching", "--preferred-batch-size", "4", "8"]
+    env = procs.child_env()
+    env.pop(triton_local.ADMIN_KEY_ENV, None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "dynamic_batching on" in proc.stdout
+    reported = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert [int(x) for x in reported["dynamic_batching"]["preferred_batch_size"]] == [4, 8]
+    status = subprocess.run([*cmd[:3], "status", "--http-port", str(triton.http_port)],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0 and "READY" in status.stdout and "2 stub process(es)" in status.stdout
+    # A typo is caught by the schema before anything reaches the server.
+    bad = subprocess.run([*cmd[:5], "--grpc-url", triton.grpc_url, "--set", "max_batch_sise: 4"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and "max_batch_sise" in bad.stderr
+
+
+def test_stop_is_clean(triton):
+    stubs = triton.stub_processes()
+    assert stubs
+    pid, prefix, state = triton.pid, triton.shm_prefix, triton.state_file
+    assert list(Path("/dev/shm").glob(f"{prefix}*"))
+    t0 = time.monotonic()
+    forced = triton.stop()
+    assert time.monotonic() - t0 < 30
+    assert forced == []  # nothing had to be killed or removed by force
+    assert not Path(f"/proc/{pid}").exists()
+    for stub in stubs:
+        assert not Path(f"/proc/{stub.pid}").exists() or triton_local._stub_from(stub.pid) is None
+    assert not list(Path("/dev/shm").glob(f"{prefix}*"))
+    assert not state.exists()
+    for port in (triton.http_port, triton.grpc_port, triton.metrics_port):
+        assert procs.port_is_free(port)
