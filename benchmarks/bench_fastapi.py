@@ -31,6 +31,7 @@ import argparse
 import base64
 import concurrent.futures
 import json
+import signal
 import sys
 import threading
 import time
@@ -177,7 +178,12 @@ def best(runs: list[dict]) -> float:
     return max(r["throughput"] for r in runs)
 
 
+def _stop_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through `finally`, which stops the servers
+
+
 def main(argv=None) -> int:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--image", type=Path, default=None, help="image to send (default: first bundled JPEG sample)")
     ap.add_argument("--pth", type=Path, default=paths.PTH_TARGETS[0])

@@ -24,12 +24,18 @@ from servelab import food11, serving
 
 MODEL_PATH = Path(os.environ.get("MODEL_PATH", Path(__file__).with_name("food11.onnx")))
 
-# --- CPU threads: the lesson of this file --------------------------------
+# --- Device and CPU threads: the lesson of this file ---------------------
+# CUDAExecutionProvider on a GPU, else CPU (SERVELAB_DEVICE forces one).
+providers = serving.onnx_providers()
 # The same rule as in the PyTorch service: WORKERS inferences at once, each
-# on THREADS intra-op threads, WORKERS x THREADS = cores. (Run() may be called
-# from several threads at once; more calls than WORKERS would only contend
-# for the same cores.)
-WORKERS, THREADS = serving.inference_layout()   # SERVELAB_INFERENCE_WORKERS; default 1 x all cores
+# on THREADS intra-op threads, WORKERS x THREADS = cores; on CPU by default
+# one single-threaded inference per core. (Run() may be called from several
+# threads at once; more calls than WORKERS would only contend for the cores.)
+WORKERS, THREADS = serving.inference_layout("cuda" if "CUDAExecutionProvider" in providers else "cpu")
+inference_slots = threading.BoundedSemaphore(WORKERS)        # at most WORKERS inferences at once
+# Decoding is bounded too: a photo at the pixel limit is ~120 MB once
+# decoded, so at most one decode per core runs at once, whatever the load.
+decode_slots = threading.BoundedSemaphore(serving.cpu_threads())
 options = ort.SessionOptions()
 options.intra_op_num_threads = THREADS                        # threads inside one inference
 options.inter_op_num_threads = 1                              # no parallel branches to run
@@ -37,16 +43,12 @@ options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL     # run nodes one af
 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL  # fuse conv+bn+relu etc.
 
 # --- Load the model once, when the server starts ------------------------
-# CUDAExecutionProvider on a GPU, else CPU (SERVELAB_DEVICE forces one).
-session = ort.InferenceSession(str(serving.require_model_file(MODEL_PATH)), options,
-                               providers=serving.onnx_providers())
+session = ort.InferenceSession(str(serving.require_model_file(MODEL_PATH)), options, providers=providers)
 device = serving.onnx_device(session)
 input_name = session.get_inputs()[0].name                     # "input"  [N, 3, 224, 224]
 info = serving.model_info(MODEL_PATH)
 
 session.run(None, {input_name: np.zeros((1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE), np.float32)})  # warm-up
-
-inference_slots = threading.BoundedSemaphore(WORKERS)        # at most WORKERS inferences at once
 
 app = FastAPI(
     title="Food-11 classifier (ONNX Runtime)",
@@ -80,7 +82,8 @@ def health():
 # next request's image overlaps with this request's inference.
 @app.post("/predict", response_model=PredictResponse, responses=serving.ERROR_RESPONSES)
 def predict(request: PredictRequest):
-    x = food11.preprocess_base64(request.image)               # bad input → 400/413 JSON
+    with decode_slots:
+        x = food11.preprocess_base64(request.image)           # bad input → 400/413 JSON
     batch = x[np.newaxis]                                     # [1, 3, 224, 224] float32
 
     with inference_slots:

@@ -24,33 +24,39 @@ from servelab import food11, serving
 
 MODEL_PATH = Path(os.environ.get("MODEL_PATH", Path(__file__).with_name("food11.pth")))
 
-# --- CPU threads: the lesson of this file --------------------------------
-# A server process has a fixed number of cores. Every request that runs a
-# forward pass at the same time as others competes for them, and PyTorch can
-# also split one forward pass over several intra-op threads. If 16 requests
-# each ran a forward pass with N threads, 16 x N threads would fight over N
-# cores and every request would get slower (the earlier version of this lab
-# served 16 clients slower than one). So we decide up front:
-#   WORKERS  forward passes allowed at once (the semaphore below);
-#   THREADS  intra-op threads per forward pass;
-# with WORKERS x THREADS = cores. Requests beyond WORKERS wait in a queue, so
-# what you measure under load is queueing delay, not thrashing.
-WORKERS, THREADS = serving.inference_layout()   # SERVELAB_INFERENCE_WORKERS; default 1 x all cores
-torch.set_num_threads(THREADS)                  # intra-op: threads inside one forward pass
-torch.set_num_interop_threads(1)                # inter-op: MobileNetV2 is one chain of ops
+# --- Device and CPU threads: the lesson of this file ---------------------
+device = serving.torch_device()          # "cuda" if present, else "cpu"; SERVELAB_DEVICE forces one
+
+# This process has a fixed number of cores. PyTorch can split one forward
+# pass over several intra-op threads, and several requests can run forward
+# passes at the same time. If 16 requests each ran a pass on N threads,
+# 16 x N threads would fight over N cores and every request would get slower
+# (the earlier version of this lab served 16 clients slower than one). So we
+# decide up front:
+#   WORKERS  forward passes allowed at once (the semaphore below),
+#   THREADS  intra-op threads per forward pass,
+# with WORKERS x THREADS = cores. Requests beyond WORKERS wait in a queue:
+# under load you measure queueing delay, not thrashing. On CPU the default is
+# one single-threaded pass per core: one 224x224 image is too little work to
+# split well across threads (see servelab/serving.py, inference_layout).
+# Try SERVELAB_INFERENCE_WORKERS=1 (one pass on all cores) and compare.
+WORKERS, THREADS = serving.inference_layout(device)
+torch.set_num_threads(THREADS)           # intra-op: threads inside one forward pass
+torch.set_num_interop_threads(1)         # inter-op: MobileNetV2 is one chain of ops
+inference_slots = threading.BoundedSemaphore(WORKERS)   # at most WORKERS passes at once
+# Decoding is bounded too: a photo at the pixel limit is ~120 MB once
+# decoded, so at most one decode per core runs at once, whatever the load.
+decode_slots = threading.BoundedSemaphore(serving.cpu_threads())
 
 # --- Load the model once, when the server starts ------------------------
 # uvicorn opens its port only after this module is imported, so a client that
 # can reach /health knows the model is loaded.
-device = serving.torch_device()          # "cuda" if present, else "cpu"; SERVELAB_DEVICE forces one
 model = torch.load(serving.require_model_file(MODEL_PATH), map_location=device, weights_only=False)
 model.eval()                             # inference mode for dropout / batch-norm
 info = serving.model_info(MODEL_PATH)    # version and demo/trained weights, shown with every answer
 
 with torch.inference_mode():             # warm-up: the first call allocates memory, picks kernels
     model(torch.zeros(1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE, device=device))
-
-inference_slots = threading.BoundedSemaphore(WORKERS)   # at most WORKERS forward passes at once
 
 app = FastAPI(
     title="Food-11 classifier (PyTorch)",
@@ -87,7 +93,8 @@ def health():
 def predict(request: PredictRequest):
     # base64 → image → float32 [3, 224, 224]. Bad input raises
     # food11.ImageDecodeError, which the error handlers turn into a 400/413.
-    x = food11.preprocess_base64(request.image)
+    with decode_slots:
+        x = food11.preprocess_base64(request.image)
     batch = torch.from_numpy(x).unsqueeze(0).to(device)        # [1, 3, 224, 224]
 
     with inference_slots, torch.inference_mode():

@@ -385,7 +385,7 @@ def _opset_entry(buf: bytes) -> tuple[str, int | None]:
 
 
 def check_onnx_compat(repo: Path, stacks: Sequence[str]) -> Result:
-    name = "ONNX model loadable by Triton 24.10"
+    name = "ONNX model IR/opset"
     onnx_files = [p for p in artifact_paths(repo, stacks) if p.suffix == ".onnx" and p.is_file()]
     if not onnx_files:
         return Result(name, SKIP, "no ONNX artifact built yet (see Model artifacts)")
@@ -395,15 +395,17 @@ def check_onnx_compat(repo: Path, stacks: Sequence[str]) -> Result:
         if ir is None or ir > ONNX_MAX_IR or (opset is not None and opset > ONNX_MAX_OPSET):
             problems.append(f"{p.relative_to(repo)}: IR {ir}, opset {opset}")
     if problems:
-        return Result(name, FAIL, "; ".join(problems) + f" (ORT 1.19 reads IR <= {ONNX_MAX_IR}, "
-                      f"opset <= {ONNX_MAX_OPSET})",
+        limits = f"Triton 24.10's ONNX Runtime 1.19 reads IR <= {ONNX_MAX_IR}, opset <= {ONNX_MAX_OPSET}"
+        return Result(name, FAIL, "; ".join(problems) + f" ({limits})",
                       "re-export with a lower opset (servelab models build), or lower the file's ir_version")
     ir, opset = onnx_versions(onnx_files[0].read_bytes())
     return Result(name, PASS, f"IR {ir}, opset {opset}")
 
 
-def check_images(host: Host, pins: Pins, engine_ok: bool) -> Result:
+def check_images(host: Host, pins: Pins, engine_ok: bool, stacks: Sequence[str] = ("triton",)) -> Result:
     name = "Triton image tags"
+    if "triton" not in stacks:
+        return Result(name, SKIP, "the FastAPI stack does not use them")
     if not pins.triton_tag or not pins.sdk_tag:
         return Result(name, FAIL, "no pinned nvcr.io/nvidia/tritonserver:YY.MM-py3 tag found in docker/",
                       "restore docker/Dockerfile.triton and docker/docker-compose-triton.yaml")
@@ -451,7 +453,7 @@ def run_checks(host: Host | None = None, repo: Path | None = None, cpu: bool = F
     results.append(check_disk(docker_root(host) if engine_ok else Path("/var/lib/docker"), min_free_gb))
     results.append(check_artifacts(repo, stacks))
     results.append(check_onnx_compat(repo, stacks))
-    results.append(check_images(host, pins, engine_ok))
+    results.append(check_images(host, pins, engine_ok, stacks))
     results.append(check_env_file(env_file))
     return results
 

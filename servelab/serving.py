@@ -79,25 +79,37 @@ def _cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
         return None
 
 
-def inference_layout(default_workers: int = 1) -> tuple[int, int]:
+def inference_layout(device: str = "cpu") -> tuple[int, int]:
     """(workers, threads): how many inferences may run at once in this
-    process, and how many intra-op threads each may use, so that
-    workers x threads = the cores we have (never more: oversubscribed
-    threads wait on each other and every request gets slower).
+    process, and how many intra-op threads each may use, such that
+    workers x threads <= the cores we have. More threads than cores wait on
+    each other, and every request gets slower.
 
-    ``SERVELAB_INFERENCE_WORKERS`` sets the workers (default
-    ``default_workers``, at most the number of cores)."""
+    Default on CPU: one worker per core, one thread each. A batch-1 forward
+    pass of a small CNN like MobileNetV2 does not split well over threads
+    (each layer is short, so threads spend their time waiting on each other,
+    and one thread preempted by other work stalls the whole layer); two
+    single-threaded passes side by side get much more done than one pass on
+    two threads (the same sizing Triton's instance groups use later in the
+    lab). On CUDA: one worker (the GPU runs one pass at a time anyway).
+    ``SERVELAB_INFERENCE_WORKERS`` overrides the number of workers; threads
+    are then cores // workers.
+    """
     cores = cpu_threads()
     raw = os.environ.get("SERVELAB_INFERENCE_WORKERS", "").strip()
-    try:
-        workers = int(raw) if raw else default_workers
-    except ValueError:
-        raise ValueError(f"SERVELAB_INFERENCE_WORKERS must be a positive integer, got {raw!r}") from None
-    if workers < 1:
-        raise ValueError(f"SERVELAB_INFERENCE_WORKERS must be a positive integer, got {raw!r}")
+    if raw:
+        try:
+            workers = int(raw)
+        except ValueError:
+            raise ValueError(f"SERVELAB_INFERENCE_WORKERS must be a positive integer, got {raw!r}") from None
+        if workers < 1:
+            raise ValueError(f"SERVELAB_INFERENCE_WORKERS must be a positive integer, got {raw!r}")
+    else:
+        workers = 1 if device == "cuda" else cores
     workers = min(workers, cores)
     threads = max(1, cores // workers)
-    log.info("inference: %d worker(s) x %d intra-op thread(s) on %d core(s)", workers, threads, cores)
+    log.info("inference: %d worker(s) x %d intra-op thread(s) on %d core(s), device %s",
+             workers, threads, cores, device)
     return workers, threads
 
 
@@ -227,7 +239,6 @@ MAX_BASE64_CHARS = 4 * math.ceil(food11.MAX_IMAGE_BYTES / 3)
 # Request bodies above this are refused with 413 before they are parsed:
 # the largest allowed image in base64 plus room for the JSON around it.
 MAX_BODY_BYTES = MAX_BASE64_CHARS + 64 * 1024
-MAX_BODY_BYTES_DEFAULT = MAX_BODY_BYTES
 
 IMAGE_FIELD_DOC = {
     "description": (
@@ -268,7 +279,26 @@ ERROR_RESPONSES: dict = {
           **_error_schema("image_too_large", "The image is 20000x20000 = 400000000 pixels; the limit is 40000000.")},
     415: {"description": "The request body is not JSON (send Content-Type: application/json).",
           **_error_schema("unsupported_media_type", "Send the request body as JSON with Content-Type: application/json.")},
-    422: {"description": "The JSON is malformed, or the `image` field is missing or not a string."},
+    422: {"description": "The JSON is malformed, or the `image` field is missing or not a string.",
+          "content": {"application/json": {"schema": {
+              "type": "object",
+              "required": ["error", "message", "detail"],
+              "properties": {
+                  "error": {"type": "string"},
+                  "message": {"type": "string"},
+                  "detail": {"type": "array", "items": {
+                      "type": "object",
+                      "required": ["loc", "msg", "type"],
+                      "properties": {
+                          "loc": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]}},
+                          "msg": {"type": "string"},
+                          "type": {"type": "string"},
+                      },
+                  }},
+              },
+          }, "example": {"error": "invalid_request",
+                         "message": "The field 'image' is required. Send JSON like {\"image\": \"<base64 JPEG/PNG>\"}.",
+                         "detail": [{"loc": ["body", "image"], "msg": "Field required", "type": "missing"}]}}}},
 }
 
 
@@ -283,11 +313,13 @@ def _body_too_large_message(limit: int) -> dict:
 
 
 def _new_body_too_large():
+    # A starlette HTTPException, so FastAPI passes it through when it is
+    # raised while reading the body, and install_error_handlers answers it.
     from starlette.exceptions import HTTPException
 
     class BodyTooLarge(HTTPException):
-        def __init__(self):
-            super().__init__(status_code=413, detail="body_too_large")
+        def __init__(self, limit: int):
+            super().__init__(status_code=413, detail=_body_too_large_message(limit)["message"])
 
     return BodyTooLarge
 
@@ -300,7 +332,7 @@ class BodySizeLimit:
     soon as it passes the limit. Either way the server never holds more than
     ``max_bytes`` of one request in memory."""
 
-    def __init__(self, app, max_bytes: int = MAX_BODY_BYTES_DEFAULT):
+    def __init__(self, app, max_bytes: int = MAX_BODY_BYTES):
         self.app = app
         self.max_bytes = int(max_bytes)
         self.too_large = _new_body_too_large()
@@ -329,7 +361,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise self.too_large()
+                    raise self.too_large(self.max_bytes)
             return message
 
         async def tracking_send(message):
@@ -430,7 +462,7 @@ def install_error_handlers(app) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         if exc.status_code == 413:
-            body = _body_too_large_message(MAX_BODY_BYTES)
+            body = {"error": "body_too_large", "message": str(exc.detail)}
         else:
             body = {"error": f"http_{exc.status_code}", "message": str(exc.detail), "detail": exc.detail}
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))

@@ -52,6 +52,7 @@ class TourConfig:
     probe_requests: int = 40        # ONNX service-time probe (sequential)
     open_seconds: float = 8.0       # each open-loop run
     utilization: float = 0.7        # target rho for the open-loop runs
+    timeout: float = 120.0          # per request: queues at 16 clients can be long on a slow CPU
     out: Path | None = None
 
     def n(self, x: int) -> int:
@@ -100,11 +101,11 @@ def fastapi_experiment(t: Tour, urls: dict) -> None:
     cfg = t.cfg
     t.log("  1. FastAPI: PyTorch vs ONNX, sequential and 16 concurrent clients")
     for name, key in (("FastAPI PyTorch", "fastapi_pt"), ("FastAPI ONNX", "fastapi_onnx")):
-        target = targets.FastAPITarget(urls[key])
+        target = targets.FastAPITarget(urls[key], timeout=cfg.timeout)
         seq = t.add(name, load.run(target, load.sequential(cfg.n(cfg.seq_requests), warmup=3),
-                                   [HostCPUObserver()], f"{name} · sequential", progress=False))
+                                   [HostCPUObserver()], f"{name} · sequential"))
         c16 = t.add(name, load.run(target, load.closed(16, requests=cfg.n(cfg.concurrent_requests)),
-                                   [HostCPUObserver()], f"{name} · C=16", progress=False))
+                                   [HostCPUObserver()], f"{name} · C=16"))
         s1 = seq.latency["mean_ms"]
         t.comparisons.append(queueing.Comparison(
             f"{name} C=16", "16 x S(1): one model at a time", 16 * s1, c16.latency["mean_ms"]))
@@ -118,7 +119,7 @@ def triton_python_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_ur
     from servelab import triton_local
 
     cfg = t.cfg
-    target = targets.triton_target(triton_url, PY_MODEL)
+    target = targets.triton_target(triton_url, PY_MODEL, timeout=cfg.timeout)
     for instances in (1, 2):
         group = f"Triton Python · {instances} instance{'s' if instances > 1 else ''}"
         t.log(f"  2. Triton {PY_MODEL}, {instances} instance(s): concurrency {', '.join(map(str, cfg.concurrency))}")
@@ -130,7 +131,7 @@ def triton_python_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_ur
         for c in cfg.concurrency:
             obs = TritonObserver(triton_url, PY_MODEL, metrics_url=metrics_url)
             t.add(group, load.run(target, load.closed(c, duration=cfg.s(cfg.triton_seconds), warmup=max(2, c)),
-                                  [obs], f"{group} · C={c}", progress=False))
+                                  [obs], f"{group} · C={c}"))
         rs = t.groups[group]
         s1 = rs[0].latency["mean_ms"]
         for r in rs[1:]:
@@ -150,12 +151,12 @@ def triton_onnx_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_url:
     from servelab import triton_local
 
     cfg = t.cfg
-    target = targets.triton_target(triton_url, ONNX_MODEL)
+    target = targets.triton_target(triton_url, ONNX_MODEL, timeout=cfg.timeout)
     t.log(f"  3. Triton {ONNX_MODEL}: constant vs Poisson arrivals, without and with dynamic batching")
     triton_local.reload_model(ONNX_MODEL, {"dynamic_batching": None}, grpc_url=grpc_url, verbose=False)
     probe = t.add("ONNX probe", load.run(target, load.sequential(cfg.n(cfg.probe_requests), warmup=3),
                                          [TritonObserver(triton_url, ONNX_MODEL)],
-                                         "Triton ONNX · sequential probe", progress=False))
+                                         "Triton ONNX · sequential probe"))
     s_server = _server_ms(probe) / 1000            # what queues: the model's compute
     l1 = probe.latency["mean_ms"] / 1000           # unloaded latency seen by the client
     rate = round(cfg.utilization / s_server, 1)
@@ -173,7 +174,7 @@ def triton_onnx_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_url:
             obs = TritonObserver(triton_url, ONNX_MODEL, metrics_url=metrics_url)
             pat = load.open_loop(rate, dist, duration=cfg.s(cfg.open_seconds), warmup=10, seed=11)
             runs[(batching, dist)] = t.add(group, load.run(target, pat, [obs], f"{group} · {dist} {rate:g}/s",
-                                                           progress=False))
+                                                           progress=None))
     # Queueing model. Without batching: M/D/1 for Poisson, no wait for constant.
     for dist in ("constant", "poisson"):
         wq = queueing.md1_wait(rate, s_server) if dist == "poisson" else queueing.dd1_wait(rate, s_server)

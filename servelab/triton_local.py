@@ -581,6 +581,46 @@ def _terminate(pid: int, shm_prefix: str, timeout: float, proc: subprocess.Popen
     return forced
 
 
+def _unload_all(grpc_url: str, admin_key: str | None, timeout: float = 30.0) -> None:
+    """Unload every loaded model before SIGTERM. On SIGTERM Triton first
+    waits (up to --exit-timeout-secs) for open client connections, and if
+    that uses up the timeout it exits with Python models still loaded,
+    leaving their stub processes behind. Unloaded models have no stubs."""
+    try:
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(grpc_url)
+        headers = {GRPC_ADMIN_HEADER: admin_key} if admin_key else None
+        try:
+            index = client.get_model_repository_index(headers=headers, as_json=True).get("models", [])
+            names = [m["name"] for m in index if m.get("state") == "READY"]
+            threads = [threading.Thread(target=_quiet, args=(client.unload_model, name),
+                                        kwargs={"headers": headers, "client_timeout": timeout}, daemon=True)
+                       for name in names]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout)
+            # unload_model returns when the unload starts: wait until the stubs are gone.
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                index = client.get_model_repository_index(headers=headers, as_json=True).get("models", [])
+                if not any(m.get("state") in ("READY", "UNLOADING") for m in index):
+                    break
+                time.sleep(0.1)
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - best effort; _terminate does the rest
+        pass
+
+
+def _quiet(fn, *args, **kwargs) -> None:
+    try:
+        fn(*args, **kwargs)
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
     """preexec_fn: SIGTERM the server if the process that started it dies."""
     try:
@@ -733,6 +773,8 @@ class TritonServer:
         if self._stopped:
             return []
         self._stopped = True
+        if self.alive():
+            _unload_all(self.grpc_url, self.admin_key)
         forced = _terminate(self.pid, self.shm_prefix, timeout or (self.exit_timeout + 20), self.proc)
         if self.state_file is not None:
             try:
@@ -956,9 +998,11 @@ def reload_model(name: str, edit: Edit = None, *, server: TritonServer | None = 
     sends the config with ``load_model`` (any server; it sticks)."""
     if via not in ("auto", "file", "override"):
         raise ValueError(f"via must be 'auto', 'file' or 'override', not {via!r}")
+    log_path = None
     if server is not None:
         grpc_url, admin_key = server.grpc_url, admin_key or server.admin_key
         repo, source, gpus = server.repo, server.source, server.gpus
+        log_path = server.log_path
     else:
         grpc_url = grpc_url or os.environ.get("TRITON_GRPC_URL") or f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}"
         try:
@@ -971,6 +1015,7 @@ def reload_model(name: str, edit: Edit = None, *, server: TritonServer | None = 
             repo = repo or state["repo"]
             source = source or state["source"]
             gpus = state["gpus"] if gpus is None else gpus
+            log_path = Path(state["log"])
         admin_key = admin_key or os.environ.get(ADMIN_KEY_ENV)
     if via == "override":
         repo = None
@@ -978,6 +1023,7 @@ def reload_model(name: str, edit: Edit = None, *, server: TritonServer | None = 
         raise ValueError("via='file' needs the runtime repository (server= or repo=)")
     headers = {GRPC_ADMIN_HEADER: admin_key} if admin_key else None
     client = _grpc(grpc_url)
+    log_size = log_path.stat().st_size if log_path is not None and log_path.exists() else 0
     try:
         if repo is not None:
             repo, source = Path(repo), Path(source or paths.MODELS_STAGING)
@@ -1004,11 +1050,30 @@ def reload_model(name: str, edit: Edit = None, *, server: TritonServer | None = 
             new = apply_edit(current, edit)
             client.load_model(name, headers=headers, config=json.dumps(new), client_timeout=timeout)
         reported = client.get_model_config(name, as_json=True)["config"]
+    except Exception:
+        # Triton's answer can be terse ("failed to poll from model repository"):
+        # its log says why. Show what it wrote during this reload.
+        if verbose and log_path is not None:
+            lines = _log_since(log_path, log_size, name)
+            if lines:
+                print(f"Triton's log during the reload of {name}:\n{lines}", file=sys.stderr)
+        raise
     finally:
         client.close()
     if verbose:
         print(f"reloaded {describe_config(reported)}")
     return reported
+
+
+def _log_since(log_path: Path, offset: int, name: str, limit: int = 20) -> str:
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read(1_000_000).decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [ln for ln in text.splitlines() if name in ln or ln.startswith("E")]
+    return "\n".join(lines[-limit:])
 
 
 def model_stats(name: str, http_url: str = f"http://{DEFAULT_HOST}:{DEFAULT_HTTP_PORT}", version: str = "") -> dict:

@@ -244,6 +244,7 @@ def test_triton_images(tmp_path, pins):
     mixed = doctor.Pins(triton_tag="24.10", sdk_tag="24.12")
     assert doctor.check_images(make_bin(tmp_path / "d"), mixed, engine_ok=True).status == FAIL
     assert doctor.check_images(make_bin(tmp_path / "e"), doctor.Pins(), engine_ok=True).status == FAIL
+    assert doctor.check_images(make_bin(tmp_path / "f"), pins, engine_ok=True, stacks=("fastapi",)).status == SKIP
 
 
 def test_env_file_secrets(tmp_path):

@@ -43,10 +43,17 @@ def node_commands(name: str) -> list[list[str]]:
             line = line.split(" #", 1)[0].strip()
             if not line or line.startswith("#"):
                 continue
-            for part in re.split(r"\s*(?:&&|;|\|\|?)\s*", line):
-                if part:
-                    commands.append(shlex.split(part))
-    return commands
+            lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            argv: list[str] = []
+            for token in lexer:
+                if token in ("&&", "||", "|", ";"):
+                    commands.append(argv)
+                    argv = []
+                else:
+                    argv.append(token)
+            commands.append(argv)
+    return [c for c in commands if c]
 
 
 def compose_file(path_on_node: str) -> Path:
@@ -54,8 +61,18 @@ def compose_file(path_on_node: str) -> Path:
     return REPO_ROOT / path_on_node[len(KIT_ON_NODE) + 1:]
 
 
+class _ComposeLoader(yaml.SafeLoader):
+    """YAML with Compose's own tags (!reset, !override) read as plain values."""
+
+
+_ComposeLoader.add_multi_constructor(
+    "!", lambda loader, suffix, node: (loader.construct_mapping(node) if isinstance(node, yaml.MappingNode)
+                                       else loader.construct_sequence(node) if isinstance(node, yaml.SequenceNode)
+                                       else loader.construct_scalar(node)))
+
+
 def load_compose(path: Path) -> dict:
-    return yaml.safe_load(path.read_text())
+    return yaml.load(path.read_text(), Loader=_ComposeLoader)
 
 
 def _container_names(files: list[Path]) -> set[str]:

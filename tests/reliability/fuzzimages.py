@@ -292,7 +292,25 @@ def _gif_with_dangling_image_separator() -> bytes:
     return data[:-1] + b","  # the ';' trailer replaced by an image separator with no descriptor
 
 
+def _tiff_with_bad_second_frame(compression: int = 0) -> bytes:
+    """A valid one-frame TIFF whose next-IFD pointer leads to a second frame
+    with an unknown compression code (PIL raises KeyError counting frames)."""
+    data = bytearray(encode(Image.new("RGB", (8, 8)), "TIFF"))
+    (ifd,) = struct.unpack_from("<I", data, 4)
+    (n,) = struct.unpack_from("<H", data, ifd)
+    next_ptr = ifd + 2 + 12 * n
+    offset = len(data) + len(data) % 2
+    data += b"\0" * (offset - len(data))
+    entries = [(256, 3, 1, 8), (257, 3, 1, 8), (259, 3, 1, compression)]  # width, height, compression
+    data += struct.pack("<H", len(entries))
+    data += b"".join(struct.pack("<HHIHH", tag, typ, count, value, 0) for tag, typ, count, value in entries)
+    data += b"\0\0\0\0"
+    struct.pack_into("<I", data, next_ptr, offset)
+    return bytes(data)
+
+
 FINDINGS: dict[str, bytes] = {
+    "tiff-second-frame-unknown-compression": _tiff_with_bad_second_frame(0),   # KeyError
     "dds-unknown-pixel-format-flags": _dds_with_pixel_format_flags(0),         # NotImplementedError
     "dds-unknown-fourcc": _dds_with_pixel_format_flags(4, b"ZZZZ"),            # NotImplementedError
     "gif-dangling-image-separator": _gif_with_dangling_image_separator(),      # struct.error

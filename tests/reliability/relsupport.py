@@ -115,8 +115,18 @@ def listening(pids) -> list[tuple[int, str, int]]:
     return sorted(set(out))
 
 
+def is_loopback(ip: str) -> bool:
+    import ipaddress
+
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    if getattr(addr, "ipv4_mapped", None) is not None:   # ::ffff:127.0.0.1
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
 def non_loopback(sockets) -> list[tuple[int, str, int]]:
-    return [s for s in sockets if not (s[1].startswith("127.") or s[1] == "::1")]
+    """Listening sockets reachable from another machine (0.0.0.0, ::, a NIC address)."""
+    return [s for s in sockets if not is_loopback(s[1])]
 
 
 def procs_named(fragment: str) -> list[psutil.Process]:

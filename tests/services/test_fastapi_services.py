@@ -24,7 +24,9 @@ def test_health_reports_model_backend_device(fastapi_server):
     assert body["backend"] == ("pytorch" if fastapi_server.name == "fastapi_pt" else "onnxruntime")
     assert body["device"] == "cpu"  # no GPU on this machine; auto falls back to CPU
     assert body["weights_kind"] in ("demo", "trained")
-    assert body["threads"] == serving.cpu_threads()
+    # Never oversubscribed: workers x intra-op threads fit the cores.
+    assert body["workers"] * body["threads"] <= serving.cpu_threads()
+    assert body["workers"] == serving.cpu_threads() and body["threads"] == 1  # the CPU default
     assert "device: cpu" in fastapi_server.log_tail(200)  # the choice is logged
 
 
@@ -168,3 +170,20 @@ def test_openapi_documents_the_contract(fastapi_server):
     assert image["type"] == "string"
     assert image["pattern"] == serving.BASE64_PATTERN
     assert spec["components"]["schemas"][ref]["required"] == ["image"]
+
+
+def test_env_knobs_device_and_workers(built_models, service_logs):
+    """SERVELAB_DEVICE=cuda on a machine without a GPU falls back to CPU and
+    says so; SERVELAB_INFERENCE_WORKERS=1 gives one inference on all cores."""
+    from .helpers import start_fastapi
+
+    server = start_fastapi("fastapi_onnx", service_logs,
+                           env={"SERVELAB_DEVICE": "cuda", "SERVELAB_INFERENCE_WORKERS": "1"})
+    try:
+        health = requests.get(f"{server.url}/health", timeout=10).json()
+        assert health["device"] == "cpu"
+        assert (health["workers"], health["threads"]) == (1, serving.cpu_threads())
+        assert "falling back to CPU" in server.log_tail(200)
+        post_good(server.url)
+    finally:
+        server.stop()

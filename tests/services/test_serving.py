@@ -104,15 +104,17 @@ def test_missing_model_file_gives_a_hint(tmp_path):
         serving.require_model_file(tmp_path / "nope.pth")
 
 
-@pytest.mark.parametrize("cores,workers,expected", [("2", None, (1, 2)), ("2", "2", (2, 1)), ("4", "2", (2, 2)),
-                                                    ("2", "8", (2, 1)), ("3", "2", (2, 1))])
-def test_inference_layout_never_oversubscribes(monkeypatch, cores, workers, expected):
+@pytest.mark.parametrize("device,cores,workers,expected", [
+    ("cpu", "2", None, (2, 1)), ("cpu", "4", None, (4, 1)), ("cuda", "4", None, (1, 4)),
+    ("cpu", "2", "1", (1, 2)), ("cpu", "4", "2", (2, 2)), ("cpu", "2", "8", (2, 1)), ("cpu", "3", "2", (2, 1)),
+])
+def test_inference_layout_never_oversubscribes(monkeypatch, device, cores, workers, expected):
     monkeypatch.setenv("SERVELAB_THREADS", cores)
     if workers is None:
         monkeypatch.delenv("SERVELAB_INFERENCE_WORKERS", raising=False)
     else:
         monkeypatch.setenv("SERVELAB_INFERENCE_WORKERS", workers)
-    w, t = serving.inference_layout()
+    w, t = serving.inference_layout(device)
     assert (w, t) == expected
     assert w * t <= int(cores)
 

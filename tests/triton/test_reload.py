@@ -110,7 +110,8 @@ def test_dynamic_batching_under_poisson_load_with_perf_analyzer(triton):
 def test_an_override_sticks_until_the_files_change(triton):
     model = "food_classifier_onnx"
     # Like the lab's container: send the config with load_model (no file access).
-    reported = triton_local.reload_model(model, {"max_batch_size": 8}, grpc_url=triton.grpc_url,
+    edit = {"max_batch_size": 8, "dynamic_batching": {"preferred_batch_size": [8]}}
+    reported = triton_local.reload_model(model, edit, grpc_url=triton.grpc_url,
                                          admin_key=triton.admin_key, via="override", verbose=False)
     assert reported["max_batch_size"] == 8
     # A plain load_model does not go back to the file ...

@@ -1,0 +1,166 @@
+"""Local Triton figures, measured side by side in one run (prints them).
+
+1. ONNX: raw ONNX Runtime at batch 16 (images/s, same session options as
+   the local runner) vs ``food_classifier_onnx`` served by the local Triton
+   (servelab's Python-backend runner on onnxruntime) with dynamic batching,
+   perf_analyzer at concurrency 16. Target: Triton >= 0.95 x raw ORT.
+2. PyTorch: ``food_classifier`` (Python backend) at concurrency 8 with
+   ``instance_group count: 2`` vs ``count: 1`` (model.py gives each
+   instance cores / instances threads). Target on a 2-core machine: >= 1.6x.
+
+Raw ORT is measured before and after the Triton run and averaged, and the
+count 1 / count 2 runs alternate, so slow drift on a shared machine hits
+both sides. Usage::
+
+    python benchmarks/bench_triton.py [--window-ms 5000] [--rounds 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from servelab import food11, paths, perf, procs, triton_local  # noqa: E402
+
+ONNX_MODEL = "food_classifier_onnx"
+PT_MODEL = "food_classifier"
+ONNX_TARGET = 0.95
+COUNT_TARGET = 1.6
+
+
+def raw_ort_batch16(seconds: float) -> float:
+    """Images/s of ONNX Runtime alone at batch 16 on real preprocessed samples,
+    with the session options the runner uses for one instance."""
+    import onnxruntime as ort
+
+    onnx_path = paths.MODELS_STAGING / ONNX_MODEL / "1" / "model.onnx"
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = triton_local.cpu_cores()
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    images = food11.preprocess_batch([p.read_bytes() for p in paths.sample_images()])
+    batch = np.ascontiguousarray(np.resize(images, (16, *images.shape[1:])), dtype=np.float32)
+    for _ in range(3):
+        session.run(["output"], {"input": batch})
+    start, runs = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        session.run(["output"], {"input": batch})
+        runs += 1
+    return runs * 16 / (time.perf_counter() - start)
+
+
+def perf_window(window_ms: int) -> str:
+    # Three windows, averaged by perf_analyzer; no stability retries, so the
+    # run takes a known time on a noisy machine.
+    return f"--measurement-interval {window_ms} --stability-percentage 999 --max-trials 3"
+
+
+def run_perf(args: str, window_ms: int) -> dict:
+    result = perf.run(f"{args} {perf_window(window_ms)}", timeout=600)
+    return result.results[0]
+
+
+def bench_onnx(t, window_ms: int) -> dict:
+    reported = t.reload_model(ONNX_MODEL, {
+        "dynamic_batching": {"max_queue_delay_microseconds": 50000, "preferred_batch_size": [16]},
+    })
+    print(f"  {triton_local.describe_config(reported)}")
+    shape = "--shape input:3,224,224"
+    figures = {}
+    for label, extra in (("http", ""), ("grpc", f"-i grpc -u {t.grpc_url}"),
+                         ("grpc+shm", f"-i grpc -u {t.grpc_url} --shared-memory system")):
+        url = "" if extra else f"-u {t.url}"
+        before = t.model_stats(ONNX_MODEL)
+        r = run_perf(f"{url} {extra} -m {ONNX_MODEL} -b 1 {shape} --concurrency-range 16", window_ms)
+        delta = triton_local.stats_delta(before, t.model_stats(ONNX_MODEL))
+        figures[label] = {"infer_per_s": r["throughput"], "avg_batch": delta["avg_batch"],
+                          "p50_ms": r["p50_latency_us"] / 1000}
+        print(f"  Triton {ONNX_MODEL} c16 ({label:8}): {r['throughput']:7.1f} images/s, "
+              f"average server batch {delta['avg_batch']:.1f}, p50 {r['p50_latency_us'] / 1000:.0f} ms")
+    return figures
+
+
+def bench_counts(t, window_ms: int, rounds: int, input_dir: Path) -> dict:
+    figures: dict = {1: [], 2: []}
+    for _ in range(rounds):
+        for count in (1, 2):
+            t.reload_model(PT_MODEL, {"instance_group": [{"count": count, "kind": "KIND_CPU"}]})
+            deadline = time.monotonic() + 60
+            while len(t.stub_processes(PT_MODEL)) != count and time.monotonic() < deadline:
+                time.sleep(0.2)
+            before = t.model_stats(PT_MODEL)
+            cwd = os.getcwd()
+            os.chdir(input_dir)
+            try:
+                r = run_perf(f"-u {t.url} -m {PT_MODEL} --input-data input.json -b 1 --concurrency-range 8",
+                             window_ms)
+            finally:
+                os.chdir(cwd)
+            delta = triton_local.stats_delta(before, t.model_stats(PT_MODEL))
+            figures[count].append(r["throughput"])
+            print(f"  {PT_MODEL} count {count} ({max(1, triton_local.cpu_cores() // count)} thread(s) each), "
+                  f"c8: {r['throughput']:6.1f} infer/s, compute {delta['compute_infer_ms']:.0f} ms, "
+                  f"queue {delta['queue_ms']:.0f} ms")
+    return {c: sum(v) / len(v) for c, v in figures.items()} | {"runs": figures}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--window-ms", type=int, default=5000, help="perf_analyzer measurement window")
+    ap.add_argument("--ort-seconds", type=float, default=10.0)
+    ap.add_argument("--rounds", type=int, default=2, help="count 1 / count 2 alternations")
+    ap.add_argument("--skip-onnx", action="store_true")
+    ap.add_argument("--skip-counts", action="store_true")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    args = ap.parse_args(argv)
+
+    input_dir = paths.INPUT_JSON.parent
+    if not paths.INPUT_JSON.exists():
+        print("input.json is missing: run `python -m servelab samples input-json`", file=sys.stderr)
+        return 2
+    perf.install_shim()
+    print(f"machine: {triton_local.cpu_cores()} cores, load average {os.getloadavg()[0]:.1f} at start")
+    out: dict = {"cores": triton_local.cpu_cores(), "load_start": os.getloadavg()[0]}
+    with triton_local.running(http_port=procs.free_port(), grpc_port=procs.free_port(),
+                              metrics_port=procs.free_port(), write_state=False) as t:
+        print(f"local Triton {t.url}: {ONNX_MODEL} runs on servelab's onnxruntime runner (Python backend)")
+        if not args.skip_onnx:
+            print("\n[1] ONNX Runtime batch 16 vs Triton food_classifier_onnx with dynamic batching")
+            ort_before = raw_ort_batch16(args.ort_seconds)
+            print(f"  raw ONNX Runtime batch 16: {ort_before:7.1f} images/s")
+            tri = bench_onnx(t, args.window_ms)
+            ort_after = raw_ort_batch16(args.ort_seconds)
+            print(f"  raw ONNX Runtime batch 16: {ort_after:7.1f} images/s (again)")
+            ort = (ort_before + ort_after) / 2
+            best = max(tri, key=lambda k: tri[k]["infer_per_s"])
+            ratio = tri["http"]["infer_per_s"] / ort
+            print(f"  => Triton (HTTP, the lab's command) / raw ORT = {ratio:.2f} (target >= {ONNX_TARGET}); "
+                  f"best ({best}) {tri[best]['infer_per_s'] / ort:.2f}")
+            out["onnx"] = {"raw_ort_images_per_s": ort, "raw_ort_runs": [ort_before, ort_after],
+                           "triton": tri, "ratio_http": ratio, "ratio_best": tri[best]["infer_per_s"] / ort,
+                           "best": best}
+        if not args.skip_counts:
+            print("\n[2] food_classifier (PyTorch, Python backend) at concurrency 8: count 2 vs count 1")
+            counts = bench_counts(t, args.window_ms, args.rounds, input_dir)
+            ratio = counts[2] / counts[1]
+            print(f"  => count 2 / count 1 = {counts[2]:.1f} / {counts[1]:.1f} = {ratio:.2f} "
+                  f"(target >= {COUNT_TARGET})")
+            out["counts"] = {"count1_infer_per_s": counts[1], "count2_infer_per_s": counts[2],
+                             "ratio": ratio, "runs": counts["runs"]}
+    out["load_end"] = os.getloadavg()[0]
+    print(f"\nload average {out['load_end']:.1f} at the end (figures from a shared machine vary with it)")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

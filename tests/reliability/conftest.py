@@ -1,0 +1,22 @@
+"""Fixtures shared by the reliability tests: one local Triton for the whole
+session (bad input, reload under load, exposure), started on free loopback
+ports through the kit's own launcher (servelab.triton_local)."""
+
+from __future__ import annotations
+
+import pytest
+
+from servelab import procs
+
+
+@pytest.fixture(scope="session")
+def triton(built_models):
+    from servelab import triton_local
+
+    server = triton_local.start(http_port=procs.free_port(), grpc_port=procs.free_port(),
+                                metrics_port=procs.free_port(), write_state=False)
+    try:
+        yield server
+    finally:
+        forced = server.stop()
+        print(f"\nshared Triton stopped; forced: {forced or 'nothing'}")
