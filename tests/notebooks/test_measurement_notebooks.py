@@ -28,7 +28,6 @@ def test_4_fastapi_runs_against_the_local_stack():
         assert env["FASTAPI_ONNX_URL"] != env["FASTAPI_SERVER_URL"]
         nb = run_notebook("4_fastapi", env, timeout=600)
     text = notebook_text(nb)
-    open("/tmp/nb4.txt", "w").write(text)
     passed, failed = _checks(text)
     assert not failed, text
     assert len(passed) == 6, passed
@@ -65,7 +64,6 @@ def test_6_triton_runs_against_a_local_triton(tmp_path):
         nb = run_notebook("6_triton", env, timeout=600)
         final = {m: t.model_config(m) for m in ("food_classifier", "food_classifier_onnx")}
     text = notebook_text(nb)
-    open("/tmp/nb6.txt", "w").write(text)
     passed, failed = _checks(text)
     assert not failed, text
     assert len(passed) == 12, passed

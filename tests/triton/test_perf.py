@@ -4,6 +4,7 @@ their figures parsed."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -90,11 +91,17 @@ def test_csv_output_parses_and_agrees_with_stdout(triton, tmp_path, shell_env, i
     assert perf.parse_csv(csv_path.read_text()) == rows  # text works as well as a path
 
 
-def test_python_api_runner(triton, input_json_dir):
-    run = perf.run(f"-u {triton.url} -m food_classifier_onnx -b 1 --shape input:3,224,224 "
-                   f"--concurrency-range 2 {budget('')}")
-    assert run.ok and run.results[0]["concurrency"] == 2
-    assert "c=2" in run.table()
+def test_python_api_and_cli_runner(triton, shell_env):
+    args = f"-u {triton.url} -m food_classifier_onnx -b 1 --shape input:3,224,224 --concurrency-range 1:2"
+    run = perf.run(f"{args} {budget('')}")
+    assert run.ok and [r["concurrency"] for r in run.results] == [1, 2]
+    assert "c=1" in run.table() and "c=2" in run.table()
+    proc = subprocess.run([str(procs.venv_bin() / "python"), "-m", "servelab.triton_local", "perf", "--json", "--",
+                           *shlex.split(args.replace("1:2", "1")), *shlex.split(budget(""))],
+                          env=shell_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    parsed = json.loads(proc.stdout)
+    assert parsed["results"][0]["concurrency"] == 1 and parsed["results"][0]["throughput"] > 0
 
 
 def test_env_exports_let_the_real_binary_start(shell_env):

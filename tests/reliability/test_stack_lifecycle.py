@@ -1,0 +1,219 @@
+"""The whole local stack (servelab.stack: FastAPI PyTorch + ONNX, Triton,
+Flask, Jupyter) on free ports: what it exposes, and how it stops.
+
+1. Exposure: every listening socket of every process the stack started
+   (Triton's stubs included) is on loopback; Jupyter answers only with its
+   token; Triton's repository API refuses a request without the key.
+2. Graceful shutdown: with requests in flight on Flask, FastAPI and both
+   Triton models, ``stack.stop`` returns in bounded time; every client call
+   ends (an answer or a clean connection error, never a hang); no process of
+   the stack is left (no ``triton_python_backend_stub``, no uvicorn), no
+   Python-backend shared-memory region is left in /dev/shm.
+3. Restart on the same ports works at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from servelab import food11, procs
+from servelab.bench.targets import triton_infer_body
+
+from relsupport import listening, non_loopback, sample_bytes, tree, wait_gone
+
+STOP_LIMIT_S = 60.0      # stack.stop under load, worst case on a busy 2-core machine
+CLIENT_TIMEOUT = 120.0   # a client still waiting this long after stop would be a hang
+REPORT: dict = {}
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory, built_models):
+    from servelab import stack
+
+    st = stack.start(None, free_ports=True, fastapi="onnx", flask_backend="fastapi",
+                     log_dir=tmp_path_factory.mktemp("stack-logs"), state_file=None, log=None)
+    try:
+        yield st
+    finally:
+        st.stop()  # idempotent: the shutdown test stops it first
+
+
+def _stack_pids(st) -> dict[str, list[int]]:
+    return {name: [p.pid for p in tree(s.pid)] for name, s in st.servers.items()}
+
+
+def test_every_server_listens_on_loopback_only(up):
+    socks_by = {}
+    for name, pids in _stack_pids(up).items():
+        socks = listening(pids)
+        socks_by[name] = socks
+        assert socks, f"{name} listens nowhere? pids {pids}"
+        assert non_loopback(socks) == [], f"{name} listens beyond loopback: {non_loopback(socks)}"
+    expected = set(up.ports.values())
+    found = {port for socks in socks_by.values() for _, _, port in socks}
+    assert expected <= found, f"ports the stack planned but nothing listens on: {expected - found}"
+    extra = {(n, ip, port) for n, socks in socks_by.items() for _, ip, port in socks if port not in expected}
+    REPORT["sockets"] = socks_by
+    print(f"\nlistening sockets: {socks_by}\nbeyond the planned ports: {extra or 'none'}")
+
+
+def test_jupyter_requires_its_token(up):
+    base = up.urls["jupyter"]
+    assert requests.get(f"{base}/api/contents", timeout=15).status_code == 403
+    assert requests.get(f"{base}/api/contents", params={"token": "wrong"}, timeout=15).status_code == 403
+    r = requests.get(f"{base}/lab", timeout=15, allow_redirects=False)
+    assert r.status_code in (302, 403) and "JupyterLab" not in r.text[:2000]
+    ok = requests.get(f"{base}/api/contents", headers={"Authorization": f"token {up.jupyter_token}"}, timeout=15)
+    assert ok.status_code == 200
+
+
+def test_stack_triton_repository_api_needs_the_key(up):
+    base = up.urls["triton"]
+    r = requests.post(f"{base}/v2/repository/index", timeout=15)
+    assert r.status_code == 403
+    r = requests.post(f"{base}/v2/repository/models/food_classifier/unload", timeout=15)
+    assert r.status_code == 403
+    assert requests.get(f"{base}/v2/models/food_classifier/ready", timeout=10).status_code == 200
+
+
+class _Clients:
+    """Closed-loop clients on every entry point, recording how each call ended."""
+
+    def __init__(self, st):
+        self.st, self.stop_evt = st, threading.Event()
+        self.outcomes: list[tuple[str, str, float]] = []  # (target, outcome, t_end)
+        self.lock = threading.Lock()
+        img = sample_bytes()[0]
+        tensor = food11.preprocess(img)[None]
+        self.jobs = {
+            "flask": lambda s: s.post(f"{st.urls['flask']}/predict", files={"file": ("a.jpg", img, "image/jpeg")},
+                                      timeout=CLIENT_TIMEOUT),
+            "fastapi_onnx": lambda s: s.post(f"{st.urls['fastapi_onnx']}/predict",
+                                             json={"image": base64.b64encode(img).decode()}, timeout=CLIENT_TIMEOUT),
+            "triton_py": self._triton(st.urls["triton"], "food_classifier",
+                                      triton_infer_body([("INPUT_IMAGE", "BYTES", [1, 1], [base64.b64encode(img)])])),
+            "triton_onnx": self._triton(st.urls["triton"], "food_classifier_onnx",
+                                        triton_infer_body([("input", "FP32", [1, 3, 224, 224], tensor)])),
+        }
+        self.threads = []
+
+    @staticmethod
+    def _triton(base, model, req):
+        body, headers = req
+        return lambda s: s.post(f"{base}/v2/models/{model}/infer", data=body, headers=headers, timeout=CLIENT_TIMEOUT)
+
+    def _loop(self, name):
+        session = requests.Session()
+        while not self.stop_evt.is_set():
+            try:
+                r = self.jobs[name](session)
+                outcome = f"HTTP {r.status_code}"
+            except requests.Timeout:
+                outcome = "TIMEOUT"
+            except requests.ConnectionError:
+                outcome = "connection closed"
+                session.close()
+                session = requests.Session()
+                time.sleep(0.05)
+            with self.lock:
+                self.outcomes.append((name, outcome, time.monotonic()))
+        session.close()
+
+    def start(self, per_target=3):
+        for name in self.jobs:
+            for _ in range(per_target):
+                th = threading.Thread(target=self._loop, args=(name,), daemon=True)
+                th.start()
+                self.threads.append(th)
+
+    def join(self, timeout) -> list[threading.Thread]:
+        deadline = time.monotonic() + timeout
+        for th in self.threads:
+            th.join(max(0.0, deadline - time.monotonic()))
+        return [th for th in self.threads if th.is_alive()]
+
+
+def test_stop_under_load_leaves_nothing_and_restarts_at_once(up):
+    from servelab import stack, triton_local
+
+    st = up
+    pids = _stack_pids(st)
+    all_pids = sorted({p for ps in pids.values() for p in ps})
+    stubs = [p for p in all_pids if _name(p) == "triton_python_backend_stub"]
+    uvicorns = [p for p in all_pids if "uvicorn" in _cmd(p)]
+    shm = [Path(f"/dev/shm/{_cmd(p).split()[2]}") for p in stubs]
+    assert len(stubs) >= 2 and len(uvicorns) >= 2, (stubs, uvicorns)
+    assert all(s.exists() for s in shm), shm
+
+    clients = _Clients(st)
+    clients.start()
+    time.sleep(3.0)  # requests in flight everywhere
+    in_flight_ok = {n: sum(1 for t, o, _ in clients.outcomes if t == n and o == "HTTP 200") for n in clients.jobs}
+    assert all(in_flight_ok.values()), f"load did not get going: {in_flight_ok}"
+
+    t0 = time.monotonic()
+    stack.stop(st)
+    stop_s = time.monotonic() - t0
+    clients.stop_evt.set()
+    hung = clients.join(timeout=30.0)
+    after_stop_s = time.monotonic() - t0
+
+    left = wait_gone(all_pids, timeout=5.0)
+    outcomes: dict[str, dict[str, int]] = {}
+    for name, outcome, _ in clients.outcomes:
+        outcomes.setdefault(name, {}).setdefault(outcome, 0)
+        outcomes[name][outcome] += 1
+    REPORT["shutdown"] = {"stop_s": stop_s, "clients_done_s": after_stop_s, "outcomes": outcomes}
+    print(f"\nstack.stop under load: {stop_s:.1f} s; all clients finished {after_stop_s:.1f} s after stop began; "
+          f"outcomes {outcomes}")
+    assert stop_s < STOP_LIMIT_S
+    assert not hung, f"{len(hung)} client(s) still waiting 30 s after the stack stopped (a hang)"
+    assert not any(o == "TIMEOUT" for _, o, _ in clients.outcomes), outcomes
+    assert not left, f"processes left behind: {[(p, _cmd(p)[:120]) for p in left]}"
+    assert not [s for s in shm if s.exists()], f"shared memory left in /dev/shm: {shm}"
+    orphan_stubs = [p.pid for p in psutil.process_iter(["cmdline"]) if p.pid in stubs]
+    assert not orphan_stubs
+
+    # Restart on the same ports, at once: FastAPI, Flask, Jupyter through the
+    # stack; Triton on its three ports (ONNX model only, to keep this quick).
+    for key, port in st.ports.items():
+        assert procs.port_is_free(port), f"{key} port {port} still taken after stop"
+    t1 = time.monotonic()
+    again_ports = {k: v for k, v in st.ports.items() if not k.startswith("triton")}
+    st2 = stack.start(["fastapi_onnx", "flask", "jupyter"], ports=again_ports, fastapi="onnx",
+                      log_dir=st.log_dir, state_file=None, log=None)
+    try:
+        t = triton_local.start(models=["food_classifier_onnx"], http_port=st.ports["triton_http"],
+                               grpc_port=st.ports["triton_grpc"], metrics_port=st.ports["triton_metrics"],
+                               write_state=False)
+        try:
+            restart_s = time.monotonic() - t1
+            assert t.ready()
+            r = requests.get(f"{st2.urls['flask']}/test", timeout=60)
+            assert r.status_code == 200, r.text[:300]
+        finally:
+            t.stop()
+    finally:
+        st2.stop()
+    print(f"restart on the same ports: ready in {restart_s:.1f} s")
+
+
+def _name(pid):
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return ""
+
+
+def _cmd(pid):
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return ""
