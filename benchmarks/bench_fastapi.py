@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from servelab import food11, paths, procs, serving  # noqa: E402
+from servelab import bench, food11, paths, procs, serving  # noqa: E402
 
 
 def summarize(latencies_s, wall_s):
@@ -130,8 +130,16 @@ def start_service(folder: str, model_path: Path, log_dir: Path, env: dict | None
     return server
 
 
-def sequential_loop(url: str, body: bytes, n: int) -> dict:
+# Two clients for the same two loops. "bench" is the kit's load generator
+# (servelab.bench: asyncio, pre-encoded requests, ~0.2 ms of CPU per
+# request), the one the notebooks use; "requests" is the naive loop a student
+# first writes (requests in a thread pool), whose own CPU cost on a 2-core
+# machine is large enough to lower the figures it measures.
+
+def sequential_loop(url: str, body: bytes, n: int, client: str = "bench") -> dict:
     """Loop 1: one client, one request after another."""
+    if client == "bench":
+        return _bench_run(url, body, bench.sequential(n, warmup=10))
     session = requests.Session()
     headers = {"Content-Type": "application/json"}
 
@@ -143,8 +151,11 @@ def sequential_loop(url: str, body: bytes, n: int) -> dict:
     return time_loop(once, n, warmup=10)
 
 
-def concurrent_loop(url: str, body: bytes, concurrency: int, n: int) -> dict:
-    """Loop 2: ``concurrency`` clients (threads) share ``n`` requests."""
+def concurrent_loop(url: str, body: bytes, concurrency: int, n: int, client: str = "bench") -> dict:
+    """Loop 2: ``concurrency`` clients share ``n`` requests, each sending its
+    next request as soon as its last one returns (a closed loop)."""
+    if client == "bench":
+        return _bench_run(url, body, bench.closed(concurrency, requests=n, warmup=2 * concurrency))
     local = threading.local()
     headers = {"Content-Type": "application/json"}
 
@@ -165,6 +176,15 @@ def concurrent_loop(url: str, body: bytes, concurrency: int, n: int) -> dict:
         latencies = [f.result() for f in futures]
         wall = time.perf_counter() - t_start
     return summarize(latencies, wall)
+
+
+def _bench_run(url: str, body: bytes, pattern) -> dict:
+    target = bench.HTTPTarget(url, "/predict", "POST", [body], {"Content-Type": "application/json"},
+                              check=lambda r: b'"prediction"' in r.body, name=url)
+    r = bench.run(target, pattern, progress=False)
+    if r.error_count or r.ok != pattern.requests:
+        raise RuntimeError(f"{r.error_count} failed requests against {url}: {r.errors}")
+    return summarize(np.asarray(r.latencies_ms) / 1000.0, r.duration_s)
 
 
 def fmt(name: str, runs: list[dict]) -> str:
@@ -197,6 +217,8 @@ def main(argv=None) -> int:
                     help="repeat every measurement, interleaved; the best round counts (noise only slows down)")
     ap.add_argument("--workers", type=int, default=None,
                     help="SERVELAB_INFERENCE_WORKERS for both services (default: the apps' own)")
+    ap.add_argument("--client", choices=("bench", "requests"), default="bench",
+                    help="load generator: the kit's (servelab.bench, default) or a requests thread pool")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
     args = ap.parse_args(argv)
@@ -213,7 +235,7 @@ def main(argv=None) -> int:
     env = {} if args.workers is None else {"SERVELAB_INFERENCE_WORKERS": str(args.workers)}
 
     print(f"image: {image_path.name} ({len(image)} bytes, request body {len(body)} bytes); cores: {cores}; "
-          f"weights: {food11.weights_kind(args.onnx)}; rounds: {args.rounds}", flush=True)
+          f"weights: {food11.weights_kind(args.onnx)}; rounds: {args.rounds}; client: {args.client}", flush=True)
     threads = sorted({cores, 1}, reverse=True)
     raw = {}
     for t in threads:
@@ -234,9 +256,9 @@ def main(argv=None) -> int:
                     results.setdefault(name, []).append(time_loop(raw[name], args.raw_iterations, warmup=20))
                 key = "onnx" if kind == "onnx" else "pt"
                 url = servers[key].url
-                results.setdefault(f"{key}_seq", []).append(sequential_loop(url, body, args.requests))
+                results.setdefault(f"{key}_seq", []).append(sequential_loop(url, body, args.requests, args.client))
                 results.setdefault(f"{key}_conc", []).append(
-                    concurrent_loop(url, body, args.concurrency, args.concurrent_requests))
+                    concurrent_loop(url, body, args.concurrency, args.concurrent_requests, args.client))
             print(f"round {r + 1}/{args.rounds} done", flush=True)
     finally:
         for s_ in servers.values():

@@ -45,6 +45,7 @@ def raw_ort_batch16(seconds: float) -> float:
     options = ort.SessionOptions()
     options.intra_op_num_threads = triton_local.cpu_cores()
     options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the runner
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     images = food11.preprocess_batch([p.read_bytes() for p in paths.sample_images()])
     batch = np.ascontiguousarray(np.resize(images, (16, *images.shape[1:])), dtype=np.float32)
@@ -68,23 +69,31 @@ def run_perf(args: str, window_ms: int) -> dict:
     return result.results[0]
 
 
+# Dynamic-batching settings tried. With 16 clients and batches of 16, every
+# client waits on the batch being computed and the instance idles while the
+# next 16 requests arrive; preferred batches of 8 keep one batch queued while
+# the other runs (a pipeline), at the same max_batch_size of 16.
+ONNX_BATCHING = {
+    "preferred16": {"max_queue_delay_microseconds": 50000, "preferred_batch_size": [16]},
+    "preferred8": {"max_queue_delay_microseconds": 50000, "preferred_batch_size": [8]},
+}
+
+
 def bench_onnx(t, window_ms: int) -> dict:
-    reported = t.reload_model(ONNX_MODEL, {
-        "dynamic_batching": {"max_queue_delay_microseconds": 50000, "preferred_batch_size": [16]},
-    })
-    print(f"  {triton_local.describe_config(reported)}")
     shape = "--shape input:3,224,224"
     figures = {}
-    for label, extra in (("http", ""), ("grpc", f"-i grpc -u {t.grpc_url}"),
-                         ("grpc+shm", f"-i grpc -u {t.grpc_url} --shared-memory system")):
-        url = "" if extra else f"-u {t.url}"
-        before = t.model_stats(ONNX_MODEL)
-        r = run_perf(f"{url} {extra} -m {ONNX_MODEL} -b 1 {shape} --concurrency-range 16", window_ms)
-        delta = triton_local.stats_delta(before, t.model_stats(ONNX_MODEL))
-        figures[label] = {"infer_per_s": r["throughput"], "avg_batch": delta["avg_batch"],
-                          "p50_ms": r["p50_latency_us"] / 1000}
-        print(f"  Triton {ONNX_MODEL} c16 ({label:8}): {r['throughput']:7.1f} images/s, "
-              f"average server batch {delta['avg_batch']:.1f}, p50 {r['p50_latency_us'] / 1000:.0f} ms")
+    for name, batching in ONNX_BATCHING.items():
+        reported = t.reload_model(ONNX_MODEL, {"dynamic_batching": batching})
+        print(f"  {triton_local.describe_config(reported)}")
+        for proto, client in (("http", f"-u {t.url}"), ("grpc", f"-i grpc -u {t.grpc_url}")):
+            before = t.model_stats(ONNX_MODEL)
+            r = run_perf(f"{client} -m {ONNX_MODEL} -b 1 {shape} --concurrency-range 16", window_ms)
+            delta = triton_local.stats_delta(before, t.model_stats(ONNX_MODEL))
+            label = f"{name}/{proto}"
+            figures[label] = {"infer_per_s": r["throughput"], "avg_batch": delta["avg_batch"],
+                              "p50_ms": r["p50_latency_us"] / 1000}
+            print(f"  Triton {ONNX_MODEL} c16 {label:17}: {r['throughput']:7.1f} images/s, "
+                  f"average server batch {delta['avg_batch']:4.1f}, p50 {r['p50_latency_us'] / 1000:.0f} ms")
     return figures
 
 
@@ -141,9 +150,9 @@ def main(argv=None) -> int:
             print(f"  raw ONNX Runtime batch 16: {ort_after:7.1f} images/s (again)")
             ort = (ort_before + ort_after) / 2
             best = max(tri, key=lambda k: tri[k]["infer_per_s"])
-            ratio = tri["http"]["infer_per_s"] / ort
-            print(f"  => Triton (HTTP, the lab's command) / raw ORT = {ratio:.2f} (target >= {ONNX_TARGET}); "
-                  f"best ({best}) {tri[best]['infer_per_s'] / ort:.2f}")
+            ratio = tri["preferred16/http"]["infer_per_s"] / ort
+            print(f"  => Triton / raw ORT: preferred16/http {ratio:.2f}, best {best} "
+                  f"{tri[best]['infer_per_s'] / ort:.2f} (target >= {ONNX_TARGET})")
             out["onnx"] = {"raw_ort_images_per_s": ort, "raw_ort_runs": [ort_before, ort_after],
                            "triton": tri, "ratio_http": ratio, "ratio_best": tri[best]["infer_per_s"] / ort,
                            "best": best}

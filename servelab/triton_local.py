@@ -43,7 +43,25 @@ Configs: ``load_config(path)``, ``config_to_dict``, ``describe_config``,
 runtime repository), all on Triton's own ``ModelConfig`` protobuf schema
 (``tritonclient.grpc.model_config_pb2``).
 
-perf_analyzer: ``perf_analyzer_env()`` (and :mod:`servelab.perf`).
+perf_analyzer: ``perf_analyzer_env()`` (and :mod:`servelab.perf`: ``install_shim``,
+``run``, ``parse_output``, ``parse_csv``).
+
+``start(repo=None, *, models=None, host="127.0.0.1", http_port, grpc_port,
+metrics_port, admin_key=None, workdir=None, exit_timeout=3, timeout=240)``
+builds a runtime repository under ``workdir`` (a temp folder by default,
+removed at stop) from ``repo`` (default models_staging/), waits until every
+model is READY and writes ``build/triton/run-<http_port>.json`` (mode 0600:
+ports, PID, admin key) so ``servelab triton reload/status/stop`` in another
+shell can find it. ``stop()`` unloads the models, SIGTERMs the server, then
+reaps any stub process left (by PID) and the run's ``/dev/shm`` regions.
+A server started from the main thread also stops when its owner dies.
+
+Command line (``servelab triton ACTION`` or ``python -m servelab.triton_local ACTION``):
+``start`` (foreground, Ctrl-C stops), ``stop``, ``status``, ``reload MODEL
+[--count N --kind K --dynamic-batching --max-queue-delay-us N
+--preferred-batch-size N.. --no-dynamic-batching --set PBTXT]``, ``config``,
+``stats``, ``env`` (perf_analyzer exports), ``setup`` (perf_analyzer shim),
+``perf -- ARGS`` (run perf_analyzer, print a table).
 
 What "local" changes, said plainly in the output
 ------------------------------------------------
@@ -54,6 +72,8 @@ What "local" changes, said plainly in the output
   honouring the same IO names, ``max_batch_size``, ``instance_group`` and
   ``dynamic_batching``. models_staging/ keeps the onnxruntime config the
   container uses.
+* The server's environment gets ``OMP_WAIT_POLICY=PASSIVE`` unless you set
+  it: PyTorch's spinning OpenMP threads collapse on a few shared cores.
 * Everything listens on 127.0.0.1; the model-repository API (load/unload)
   requires the admin key over HTTP (header ``admin-key``) and gRPC (header
   ``triton-grpc-protocol-admin-key``).
@@ -74,7 +94,6 @@ import sysconfig
 import tempfile
 import threading
 import time
-import urllib.error
 import urllib.request
 import weakref
 from contextlib import contextmanager
@@ -810,6 +829,12 @@ def _server_env(install: TritonInstall) -> dict[str, str]:
     if libdir and soname and (Path(libdir) / soname).exists():
         lib_path.insert(0, libdir)
     env = procs.child_env()
+    # OpenMP threads that wait by spinning stall a whole PyTorch forward pass
+    # whenever another process (perf_analyzer, Triton's own threads, a
+    # browser) takes one of the few cores: seen here under load, count 1 with
+    # 2 threads served 0.7 infer/s spinning vs 21.8 infer/s with PASSIVE.
+    # Export OMP_WAIT_POLICY yourself to choose otherwise.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     old = env.get("LD_LIBRARY_PATH")
     env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_path + ([old] if old else []))
     # model.py imports servelab (food11): make the package importable in the stub.

@@ -55,6 +55,9 @@ class TritonPythonModel:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        # Idle threads sleep instead of spinning: on a few shared cores a
+        # spinning pool steals the CPU that Triton and the clients need.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = ["CPUExecutionProvider"]
         if args["model_instance_kind"] == "GPU" and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"])}))

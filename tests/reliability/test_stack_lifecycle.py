@@ -154,12 +154,32 @@ def test_stop_under_load_leaves_nothing_and_restarts_at_once(up):
 
     clients = _Clients(st)
     clients.start()
-    time.sleep(3.0)  # requests in flight everywhere
-    in_flight_ok = {n: sum(1 for t, o, _ in clients.outcomes if t == n and o == "HTTP 200") for n in clients.jobs}
-    assert all(in_flight_ok.values()), f"load did not get going: {in_flight_ok}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until every entry point has answered at least once
+        with clients.lock:
+            got = {n: sum(1 for t, o, _ in clients.outcomes if t == n and o == "HTTP 200") for n in clients.jobs}
+        if all(got.values()):
+            break
+        time.sleep(0.2)
+    assert all(got.values()), f"load did not get going: {got}; {clients.outcomes[-10:]}"
+    time.sleep(1.0)  # more requests now in flight everywhere
+
+    stop_times: dict[str, float] = {}
+    real_stop = procs.Server.stop
+
+    def timed_stop(self, *a, **kw):  # observe how long each component takes to stop
+        t = time.monotonic()
+        try:
+            return real_stop(self, *a, **kw)
+        finally:
+            stop_times[self.name] = round(time.monotonic() - t, 2)
 
     t0 = time.monotonic()
-    stack.stop(st)
+    procs.Server.stop = timed_stop
+    try:
+        stack.stop(st)
+    finally:
+        procs.Server.stop = real_stop
     stop_s = time.monotonic() - t0
     clients.stop_evt.set()
     hung = clients.join(timeout=30.0)
@@ -171,8 +191,12 @@ def test_stop_under_load_leaves_nothing_and_restarts_at_once(up):
         outcomes.setdefault(name, {}).setdefault(outcome, 0)
         outcomes[name][outcome] += 1
     REPORT["shutdown"] = {"stop_s": stop_s, "clients_done_s": after_stop_s, "outcomes": outcomes}
-    print(f"\nstack.stop under load: {stop_s:.1f} s; all clients finished {after_stop_s:.1f} s after stop began; "
+    REPORT["shutdown"]["per_component_s"] = stop_times
+    print(f"\nstack.stop under load: {stop_s:.1f} s {stop_times}; all clients finished {after_stop_s:.1f} s after stop began; "
           f"outcomes {outcomes}")
+    print("Triton wrapper log (tail):\n" + "\n".join(
+        ln for ln in st.servers["triton"].log_tail(200).splitlines() if "Triton stopped" in ln or "forced" in ln
+        or "SIGKILL" in ln or "exit" in ln.lower()))
     assert stop_s < STOP_LIMIT_S
     assert not hung, f"{len(hung)} client(s) still waiting 30 s after the stack stopped (a hang)"
     assert not any(o == "TIMEOUT" for _, o, _ in clients.outcomes), outcomes
