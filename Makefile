@@ -39,6 +39,13 @@ models: setup
 
 demo: models
 	$(PY) -m servelab models predict
+	$(PY) -m servelab tour
+
+up: models
+	$(PY) -m servelab up
+
+down:
+	$(PY) -m servelab down
 
 test: setup sysdeps models
 	$(PY) -m pytest -q

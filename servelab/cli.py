@@ -17,6 +17,9 @@ import sys
 COMMAND_MODULES = (
     "servelab.models",
     "servelab.samples",
+    "servelab.stack",
+    "servelab.tour",
+    "servelab.bench.cli",
     "servelab.doctor",
 )
 

@@ -101,7 +101,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence, Union
 
-from servelab import paths, procs
+from servelab import food11, paths, procs
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8000
@@ -461,6 +461,9 @@ def build_repository(repo: Path, source: Path | None = None, models: Sequence[st
     notes: list[str] = []
     for name in names:
         notes += sync_model(name, source, Path(repo), gpus)[1]
+    if any(food11.weights_kind(p) == "demo" for n in names for p in (source / n).glob("*/*")
+           if p.suffix in (".pth", ".onnx")):
+        notes.append(f"models use {food11.DEMO_WEIGHTS_NOTE}.")
     return names, notes
 
 

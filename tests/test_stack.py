@@ -111,7 +111,8 @@ def test_up_and_down_leave_no_orphans(built_models, tmp_path):
         names = " ".join(" ".join(p.cmdline()) for p in everything)
         assert "tritonserver" in names and "triton_python_backend_stub" in names
         assert _get(f"http://127.0.0.1:{ports['triton-http']}/v2/models/food_classifier/ready")[0] == 200
-        triton_state = json.loads((paths.BUILD_DIR / "triton" / f"run-{ports['triton-http']}.json").read_text())
+        from servelab import triton_local
+        triton_state = json.loads(triton_local.state_path(ports["triton-http"]).read_text())
         shm_prefix = triton_state["shm_prefix"]
         assert list(Path("/dev/shm").glob(f"{shm_prefix}*"))
         # a second `up` on the same state refuses instead of starting twice
