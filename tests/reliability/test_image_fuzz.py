@@ -176,7 +176,7 @@ def test_fuzz_summary():
 # --------------------------------------------------------------------------
 
 _MEM_CHILD = r"""
-import io, json, resource, sys
+import io, json, sys
 import numpy as np
 from PIL import Image
 import psutil
@@ -191,7 +191,8 @@ del img, buf
 import gc; gc.collect()
 base = psutil.Process().memory_info().rss
 food11.preprocess(data)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM: this process's own peak (ru_maxrss would carry the parent's peak over exec)
+peak = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
 print(json.dumps({"upload_bytes": len(data), "pixels": side * side, "peak_extra": peak - base}))
 """
 

@@ -39,10 +39,12 @@ def up(tmp_path_factory, built_models):
 
     st = stack.start(None, free_ports=True, fastapi="onnx", flask_backend="fastapi",
                      log_dir=tmp_path_factory.mktemp("stack-logs"), state_file=None, log=None)
+    st.stopped = False
     try:
         yield st
     finally:
-        st.stop()  # idempotent: the shutdown test stops it first
+        if not st.stopped:  # the shutdown test stops it itself
+            st.stop()
 
 
 def _stack_pids(st) -> dict[str, list[int]]:
@@ -180,6 +182,7 @@ def test_stop_under_load_leaves_nothing_and_restarts_at_once(up):
         stack.stop(st)
     finally:
         procs.Server.stop = real_stop
+        st.stopped = True
     stop_s = time.monotonic() - t0
     clients.stop_evt.set()
     hung = clients.join(timeout=30.0)
