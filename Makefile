@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.servelab-installed
 
-.PHONY: help setup sysdeps models demo test up down site soak fuzz clean
+.PHONY: help setup sysdeps models demo test up down site notebooks doctor soak fuzz clean
 
 help:
 	@echo "make demo   - set up, build models, run the local stack and benchmark tour (README's main command)"
@@ -49,6 +49,17 @@ down:
 
 test: setup sysdeps models
 	$(PY) -m pytest -q
+
+# The whole lab as a static HTML site (offline), from the notebook sources.
+site: setup
+	$(PY) -m servelab site
+
+# Rebuild notebooks/*.ipynb from notebooks/src/*.md after editing a source.
+notebooks: setup
+	$(PY) -m servelab notebooks build
+
+doctor: setup
+	$(PY) -m servelab doctor
 
 clean:
 	rm -rf build results .pytest_cache

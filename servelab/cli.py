@@ -21,6 +21,9 @@ COMMAND_MODULES = (
     "servelab.tour",
     "servelab.bench.cli",
     "servelab.doctor",
+    "servelab.notebooks",
+    "servelab.site",
+    "servelab.chameleon",
 )
 
 
