@@ -129,14 +129,19 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-onnx", action="store_true")
     ap.add_argument("--skip-counts", action="store_true")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE"], default=None,
+                    help="OMP_WAIT_POLICY for the server (servelab's default is PASSIVE)")
     args = ap.parse_args(argv)
+    if args.omp_wait_policy:
+        os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy
 
     input_dir = paths.INPUT_JSON.parent
     if not paths.INPUT_JSON.exists():
         print("input.json is missing: run `python -m servelab samples input-json`", file=sys.stderr)
         return 2
     perf.install_shim()
-    print(f"machine: {triton_local.cpu_cores()} cores, load average {os.getloadavg()[0]:.1f} at start")
+    print(f"machine: {triton_local.cpu_cores()} cores, load average {os.getloadavg()[0]:.1f} at start, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'PASSIVE (servelab default)')}")
     out: dict = {"cores": triton_local.cpu_cores(), "load_start": os.getloadavg()[0]}
     with triton_local.running(http_port=procs.free_port(), grpc_port=procs.free_port(),
                               metrics_port=procs.free_port(), write_state=False) as t:

@@ -197,7 +197,10 @@ def install_shim(names: Sequence[str] = BINARIES) -> list[str]:
                 os.link(path, tmp_real)  # same file system: no second 20 MB copy
             except OSError:
                 shutil.copy2(path, tmp_real)
-            os.replace(tmp_real, real)
+            if _is_elf(tmp_real):  # a concurrent setup may have swapped the shim in meanwhile
+                os.replace(tmp_real, real)
+            else:
+                tmp_real.unlink()
         elif not _is_elf(real):
             continue  # this binary is not installed at all (e.g. perf_client)
         text = _shim_text(real, libs)

@@ -26,7 +26,7 @@ from schemathesis.config import SchemathesisConfig
 
 from servelab import food11, serving
 
-from fuzzimages import FINDINGS, fuzz_settings, hostile_images, valid_images
+from fuzzimages import COMMON_FORMATS, FINDINGS, fuzz_settings, hostile_images, valid_images
 from relsupport import good_predict, log_has_traceback, predict_body, start_fastapi
 
 pytestmark = pytest.mark.filterwarnings("ignore:IM image format is deprecated:DeprecationWarning")
@@ -122,7 +122,7 @@ def test_fuzzer_findings_get_400_not_500(app_server, data):
 
 
 @fuzz_settings(scale=0.15)
-@given(data=valid_images(max_side=64))
+@given(data=valid_images(max_side=64, formats=COMMON_FORMATS))
 def test_real_images_in_any_mode_are_classified(app_server, data):
     CASES["images"] += 1
     r = app_server.extra["session"].post(f"{app_server.url}/predict", json=predict_body(data), timeout=TIMEOUT)

@@ -12,6 +12,8 @@ have been written).
 from __future__ import annotations
 
 import os
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import requests
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from servelab import flask_backends, food11, paths
+from servelab import flask_backends, food11
 
 from fuzzimages import FINDINGS, fuzz_settings, hostile_images, valid_images
 from relsupport import REPO, log_has_traceback, sample_bytes, start_fastapi, start_flask
@@ -144,6 +146,59 @@ def test_upload_with_traversal_name_writes_nothing(stack):
             r = requests.post(f"{stack['flask'].url}/predict", files={"file": (name, payload, "image/jpeg")},
                               timeout=TIMEOUT)
             assert r.status_code == 200, (r.status_code, r.text[:300])
+
+
+def _open_files(pid: int) -> list[str]:
+    out = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("/") and not target.startswith(("/dev/", "/proc/")):
+            out.append(target)
+    return out
+
+
+def test_upload_is_not_spooled_to_a_file_while_it_arrives(stack):
+    """Werkzeug spools multipart files over 500 KB to an (already unlinked)
+    temporary file; the lab's app must keep them in memory. Checked from the
+    outside while a 3 MB upload is half sent: the Flask process may hold no
+    regular file open besides its log."""
+    flask = stack["flask"]
+    before = set(_open_files(flask.pid))
+    half_sent, may_finish = threading.Event(), threading.Event()
+    image = sample_bytes()[0]
+
+    def body():
+        yield (b"--x\r\nContent-Disposition: form-data; name=\"file\"; filename=\"../../" + PROBE.encode()
+               + b".jpg\"\r\nContent-Type: image/jpeg\r\n\r\n" + image)
+        for _ in range(24):
+            yield b"\0" * (64 * 1024)  # 1.5 MB after the JPEG (decoders ignore trailing bytes)
+        half_sent.set()
+        may_finish.wait(10)
+        for _ in range(24):
+            yield b"\0" * (64 * 1024)
+        yield b"\r\n--x--\r\n"
+
+    result = {}
+
+    def send():
+        r = requests.post(f"{flask.url}/predict", data=body(), timeout=TIMEOUT,
+                          headers={"Content-Type": "multipart/form-data; boundary=x"})
+        result["status"] = r.status_code
+
+    th = threading.Thread(target=send)
+    th.start()
+    try:
+        assert half_sent.wait(20)
+        time.sleep(0.5)  # let the server read what was sent
+        during = set(_open_files(flask.pid)) - before
+    finally:
+        may_finish.set()
+        th.join(TIMEOUT)
+    assert not during, f"Flask holds files open while receiving an upload: {during}"
+    assert result.get("status") == 200, result
 
 
 def test_nothing_written_to_disk(stack):
