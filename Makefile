@@ -58,6 +58,15 @@ site: setup
 notebooks: setup
 	$(PY) -m servelab notebooks build
 
+# Longer fuzzing campaign (20x the cases `make test` runs).
+fuzz: models
+	SERVELAB_FUZZ=long $(PY) -m pytest tests/reliability/test_image_fuzz.py tests/reliability/test_api_fuzz.py tests/reliability/test_flask_fuzz.py -q
+
+# 10,000 requests at concurrency 16 against FastAPI ONNX and Triton ONNX; then reloads under load.
+soak: models
+	$(PY) benchmarks/soak.py
+	$(PY) benchmarks/reload_under_load.py
+
 doctor: setup
 	$(PY) -m servelab doctor
 

@@ -27,7 +27,7 @@ DOCKER_DIR = Path(__file__).resolve().parent.parent / "docker"
 ENV_FILE = DOCKER_DIR / ".env"
 # The secrets every stack requires (Compose refuses to start without them).
 SECRET_NAMES = ("JUPYTER_TOKEN", "TRITON_ADMIN_KEY")
-PLACEHOLDER = "change-me"  # the value .env.example carries
+PLACEHOLDER = "change-me"  # a known placeholder value is treated as missing
 
 
 # --------------------------------------------------------------------------

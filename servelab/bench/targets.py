@@ -105,10 +105,25 @@ def default_images() -> list[bytes]:
     return images
 
 
+def _read_image_file(path: str | Path) -> bytes:
+    """A regular file of at most food11.MAX_IMAGE_BYTES (what the servers accept):
+    never /dev/zero, a FIFO or a multi-GB file read whole into memory."""
+    from servelab import food11
+
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{p}: not a regular file")
+    size = p.stat().st_size
+    if size > food11.MAX_IMAGE_BYTES:
+        raise ValueError(f"{p}: {size} bytes is over the {food11.MAX_IMAGE_BYTES} byte image limit")
+    with open(p, "rb") as f:
+        return f.read(food11.MAX_IMAGE_BYTES + 1)[: food11.MAX_IMAGE_BYTES]
+
+
 def _read_images(images: Sequence[bytes | str | Path] | None) -> list[bytes]:
     if images is None:
         return default_images()
-    return [Path(x).read_bytes() if isinstance(x, (str, Path)) else bytes(x) for x in images]
+    return [_read_image_file(x) if isinstance(x, (str, Path)) else bytes(x) for x in images]
 
 
 class FastAPITarget(HTTPTarget):
