@@ -208,10 +208,14 @@ def preprocess_image(img: Image.Image) -> np.ndarray:
         img = _to_rgb(img)
     # torchvision's Resize on a PIL image calls PIL's resize with bilinear
     # filtering and antialiasing, which is exactly this call.
-    resized = img.resize((INPUT_SIZE, INPUT_SIZE), Image.Resampling.BILINEAR)
-    arr = np.asarray(resized, dtype=np.float32) / 255.0  # HWC in [0, 1]
-    arr = (arr - MEAN) / STD
-    return np.ascontiguousarray(arr.transpose(2, 0, 1), dtype=np.float32)
+    resized = np.asarray(img.resize((INPUT_SIZE, INPUT_SIZE), Image.Resampling.BILINEAR))  # HWC uint8
+    # (x / 255 - mean) / std, channel by channel straight into CHW order:
+    # one pass per channel instead of broadcasting over the size-3 last axis.
+    out = np.empty((3, INPUT_SIZE, INPUT_SIZE), dtype=np.float32)
+    for c in range(3):
+        np.multiply(resized[:, :, c], 1.0 / (255.0 * STD[c]), out=out[c], casting="unsafe")
+        out[c] -= MEAN[c] / STD[c]
+    return out
 
 
 def preprocess(data: bytes | Image.Image, **limits) -> np.ndarray:
