@@ -32,9 +32,9 @@ backend = flask_backends.from_env()   # which model server answers (see the docs
 
 def classify(data: bytes):
     """Check the upload, send it to the backend, time the round trip."""
-    image = flask_backends.check_image(data)            # not an image → 400, too big → 413
+    tensor = flask_backends.check_image(data)           # not an image → 400, too big → 413
     start = time.perf_counter()
-    result = backend.classify(data, image)               # one round trip to the model server
+    result = backend.classify(data, tensor)              # one round trip to the model server
     result.latency_ms = (time.perf_counter() - start) * 1000
     return result
 

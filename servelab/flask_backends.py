@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import threading
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -103,13 +104,21 @@ def note_for(weights_kind: str) -> str:
     return UNKNOWN_WEIGHTS_NOTE
 
 
-def check_image(data: bytes) -> Image.Image:
+# A photo at the pixel limit is ~120 MB once decoded: at most one decode per
+# core runs at once, however many uploads arrive together.
+_decode_slots = threading.BoundedSemaphore(max(1, len(os.sched_getaffinity(0))))
+
+
+def check_image(data: bytes) -> np.ndarray:
     """Decode an upload with the lab's limits before anything is sent on:
-    not an image / truncated → 400, too many bytes or pixels → 413."""
+    not an image / truncated → 400, too many bytes or pixels → 413.
+    Returns the preprocessed float32 [3, 224, 224] tensor; the full-size
+    decoded image is freed before the backend call."""
     if not data:
         raise BadUpload("The uploaded file is empty.", code="empty_upload")
     try:
-        return food11.load_image(data)
+        with _decode_slots:
+            return food11.preprocess_image(food11.load_image(data))
     except food11.ImageDecodeError as err:
         raise BadUpload(err.message, status=err.status, code=err.code) from None
 
@@ -137,7 +146,7 @@ class FastAPIBackend:
             return False, f"{self.url} is not reachable ({type(err).__name__})"
         return r.status_code == 200, f"{self.url}/health answered {r.status_code}"
 
-    def classify(self, data: bytes, image: Image.Image | None = None) -> Result:
+    def classify(self, data: bytes, tensor: np.ndarray | None = None) -> Result:
         import requests
 
         payload = {"image": base64.b64encode(data).decode("ascii")}
@@ -258,7 +267,7 @@ class TritonBackend(_TritonBase):
 
     name = "triton"
 
-    def classify(self, data: bytes, image: Image.Image | None = None) -> Result:
+    def classify(self, data: bytes, tensor: np.ndarray | None = None) -> Result:
         import tritonclient.http as httpclient
 
         element = np.array([base64.b64encode(data)], dtype=object)       # dims [1], BYTES
@@ -282,11 +291,10 @@ class TritonOnnxBackend(_TritonBase):
 
     name = "triton_onnx"
 
-    def classify(self, data: bytes, image: Image.Image | None = None) -> Result:
+    def classify(self, data: bytes, tensor: np.ndarray | None = None) -> Result:
         import tritonclient.http as httpclient
 
-        img = image if image is not None else check_image(data)
-        x = food11.preprocess_image(img)                                   # float32 [3, 224, 224]
+        x = tensor if tensor is not None else check_image(data)            # float32 [3, 224, 224]
         if self.batched():
             x = x[np.newaxis]                                              # [1, 3, 224, 224]
         inp = httpclient.InferInput(ONNX_INPUT, list(x.shape), "FP32")

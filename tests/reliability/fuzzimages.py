@@ -320,3 +320,16 @@ FINDINGS: dict[str, bytes] = {
     "dds-unknown-fourcc": _dds_with_pixel_format_flags(4, b"ZZZZ"),            # NotImplementedError
     "gif-dangling-image-separator": _gif_with_dangling_image_separator(),      # struct.error
 }
+
+
+def expected_status(data: bytes) -> int:
+    """What a service must answer for ``data``: 200 if servelab.food11 decodes
+    it (e.g. a TIFF whose broken second frame is never read), else the
+    decoder error's own 4xx status. Never a 5xx."""
+    from servelab import food11
+
+    try:
+        food11.load_image(data)
+    except food11.ImageDecodeError as err:
+        return err.status
+    return 200

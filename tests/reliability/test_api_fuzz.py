@@ -26,7 +26,7 @@ from schemathesis.config import SchemathesisConfig
 
 from servelab import food11, serving
 
-from fuzzimages import COMMON_FORMATS, FINDINGS, fuzz_settings, hostile_images, valid_images
+from fuzzimages import COMMON_FORMATS, FINDINGS, expected_status, fuzz_settings, hostile_images, valid_images
 from relsupport import good_predict, log_has_traceback, predict_body, start_fastapi
 
 pytestmark = pytest.mark.filterwarnings("ignore:IM image format is deprecated:DeprecationWarning")
@@ -117,8 +117,11 @@ def test_hostile_images_get_documented_answers(app_server, data):
 def test_fuzzer_findings_get_400_not_500(app_server, data):
     """Uploads the fuzzer found to break servelab.food11 (see test_image_fuzz)."""
     r = app_server.extra["session"].post(f"{app_server.url}/predict", json=predict_body(data), timeout=TIMEOUT)
-    assert r.status_code == 400, (r.status_code, r.text[:300])
-    assert r.json()["error"] == "not_an_image"
+    assert r.status_code == expected_status(data), (r.status_code, r.text[:300])
+    if r.status_code == 400:
+        assert r.json()["error"] == "not_an_image"
+    else:  # decodable after all (its broken later frames are never read): a real answer
+        assert r.json()["prediction"] in food11.LABELS
 
 
 @fuzz_settings(scale=0.15)
