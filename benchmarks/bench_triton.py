@@ -101,6 +101,7 @@ def bench_onnx(t, window_ms: int, ort_seconds: float) -> dict:
     figures = {}
     for name, batching in ONNX_BATCHING.items():
         reported = t.reload_model(ONNX_MODEL, {"dynamic_batching": batching})
+        t.wait_for_stubs(ONNX_MODEL, 1)
         print(f"  {triton_local.describe_config(reported)}")
         for proto, client in (("http", f"-u {t.url}"), ("grpc", f"-i grpc -u {t.grpc_url}"),
                               # The client puts its tensors in system shared memory
@@ -137,9 +138,7 @@ def bench_counts(t, window_ms: int, rounds: int, input_dir: Path) -> dict:
     for _ in range(rounds):
         for count in (1, 2):
             t.reload_model(PT_MODEL, {"instance_group": [{"count": count, "kind": "KIND_CPU"}]})
-            deadline = time.monotonic() + 60
-            while len(t.stub_processes(PT_MODEL)) != count and time.monotonic() < deadline:
-                time.sleep(0.2)
+            t.wait_for_stubs(PT_MODEL, count)
             before = t.model_stats(PT_MODEL)
             pids = [s.pid for s in t.stub_processes(PT_MODEL)] + [t.pid]
             cpu0, wall0 = sum(_cpu_seconds(p) for p in pids), time.perf_counter()

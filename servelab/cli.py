@@ -17,6 +17,7 @@ import sys
 COMMAND_MODULES = (
     "servelab.models",
     "servelab.samples",
+    "servelab.triton_local",
     "servelab.stack",
     "servelab.tour",
     "servelab.bench.cli",

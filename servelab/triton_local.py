@@ -14,7 +14,8 @@ Start / stop (a real ``tritonserver`` process; ports default to the lab's)::
                         #   unless TRITON_ADMIN_KEY is set)
         t.notes         # what was adapted locally (KIND_GPU -> KIND_CPU, ONNX runner)
         t.reload_model("food_classifier", {"instance_group": [{"count": 2, "kind": "KIND_CPU"}]})
-        t.model_config(name), t.model_stats(name), t.stub_processes(), t.log_tail()
+        t.model_config(name), t.model_stats(name), t.stub_processes(name),
+        t.wait_for_stubs(name, count), t.log_tail()
 
     t = triton_local.start(...); ...; t.stop()     # same thing without ``with``
     triton_local.stop_running(http_port=8000)       # stop one started elsewhere
@@ -754,6 +755,16 @@ class TritonServer:
     def stub_processes(self, model: str | None = None) -> list[StubProcess]:
         stubs = stub_processes(self.pid, self.shm_prefix) if self.alive() else []
         return [s for s in stubs if model is None or s.model == model]
+
+    def wait_for_stubs(self, model: str, count: int, timeout: float = 90.0) -> list[StubProcess]:
+        """After a reload the old instances exit a little later than the new
+        ones are READY: wait until ``model`` has exactly ``count`` stubs."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stubs = self.stub_processes(model)
+            if len(stubs) == count or time.monotonic() > deadline:
+                return stubs
+            time.sleep(0.2)
 
     # ---- clients
     def http_client(self, **kwargs):

@@ -27,22 +27,12 @@ def triton(start_triton):
     server.stop()
 
 
-def wait_for_stubs(triton, model, count, timeout=90.0):
-    """Old instances exit a little after a reload: wait for the new count."""
-    deadline = time.monotonic() + timeout
-    while True:
-        stubs = triton.stub_processes(model)
-        if len(stubs) == count or time.monotonic() > deadline:
-            return stubs
-        time.sleep(0.25)
-
-
 def test_instance_count_reload_shows_in_config_and_processes(triton):
     assert len(triton.stub_processes("food_classifier")) == 1
     reported = triton.reload_model("food_classifier", {"instance_group": [{"count": 2, "kind": "KIND_GPU"}]})
     # KIND_GPU is mapped to KIND_CPU here (no GPU), count kept.
     assert [(g["count"], g["kind"]) for g in reported["instance_group"]] == [(2, "KIND_CPU")]
-    stubs = wait_for_stubs(triton, "food_classifier", 2)
+    stubs = triton.wait_for_stubs("food_classifier", 2)
     assert sorted(s.instance for s in stubs) == ["food_classifier_0_0", "food_classifier_0_1"]
     # The runtime file says the same as Triton.
     on_disk = triton_local.load_config(triton.repo / "food_classifier")
