@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.servelab-installed
 
-.PHONY: help setup sysdeps models demo test up down site notebooks doctor soak fuzz clean
+.PHONY: help setup sysdeps models demo test up down triton site notebooks doctor soak fuzz clean
 
 help:
 	@echo "make demo   - set up, build models, run the local stack and benchmark tour (README's main command)"
@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[all]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	$(PY) -m servelab triton setup    # perf_analyzer shim: the lab's commands run verbatim
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -46,6 +47,10 @@ up: models
 
 down:
 	$(PY) -m servelab down
+
+# Only Triton, in the foreground, on 127.0.0.1:8000/8001/8002 (Ctrl-C stops it).
+triton: models
+	$(PY) -m servelab triton start
 
 test: setup sysdeps models
 	$(PY) -m pytest -q
