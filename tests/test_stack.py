@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import sys
 import urllib.error
 import urllib.request
@@ -112,7 +113,13 @@ def test_up_and_down_leave_no_orphans(built_models, tmp_path):
         assert "tritonserver" in names and "triton_python_backend_stub" in names
         assert _get(f"http://127.0.0.1:{ports['triton-http']}/v2/models/food_classifier/ready")[0] == 200
         from servelab import triton_local
-        triton_state = json.loads(triton_local.state_path(ports["triton-http"]).read_text())
+        # Triton answers /v2/health/ready a moment before its launcher writes
+        # the run file (after its own readiness checks): give it a few seconds.
+        run_file = triton_local.state_path(ports["triton-http"])
+        deadline = time.monotonic() + 30
+        while not run_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        triton_state = json.loads(run_file.read_text())
         shm_prefix = triton_state["shm_prefix"]
         assert list(Path("/dev/shm").glob(f"{shm_prefix}*"))
         # a second `up` on the same state refuses instead of starting twice
