@@ -1,3 +1,3 @@
-from servelab.cli import main
+from servelab.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

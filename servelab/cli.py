@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 # Modules that contribute subcommands, in the order `--help` lists them.
@@ -40,11 +41,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _terminate(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: `finally` blocks stop what a command started
+
+
+def main(argv: list[str] | None = None, handle_sigterm: bool = False) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if handle_sigterm:
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def entry() -> int:
+    """The program's entry point (`servelab`, `python -m servelab`)."""
+    return main(handle_sigterm=True)

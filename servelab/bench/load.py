@@ -378,8 +378,21 @@ class _Engine:
 
 async def arun(target: Target, pattern: Pattern, observers: Sequence[Observer] = (),
                label: str | None = None, progress: bool | None = None) -> Result:
-    """Run one pattern against one target (coroutine)."""
-    return await _Engine(target, pattern, progress, label or pattern.label).run(list(observers))
+    """Run one pattern against one target (coroutine).
+
+    A duration-bounded run also gets a watchdog: duration plus two request
+    timeouts plus a minute. Past that something stalled (client or server),
+    and the run fails with a clear error instead of hanging the caller."""
+    run = _Engine(target, pattern, progress, label or pattern.label).run(list(observers))
+    if pattern.duration is None:
+        return await run
+    limit = pattern.duration + 2 * float(getattr(target, "timeout", 30.0)) + 60.0
+    try:
+        return await asyncio.wait_for(run, limit)
+    except asyncio.TimeoutError:
+        raise RuntimeError(
+            f"{label or pattern.label}: no result within {limit:.0f} s for a {pattern.duration:g} s run; "
+            "the client or the server stalled") from None
 
 
 def run(target: Target, pattern: Pattern, observers: Sequence[Observer] = (),
