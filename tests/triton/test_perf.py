@@ -72,7 +72,9 @@ def test_lab_command_runs_verbatim_and_parses(command, triton, input_json_dir, s
     # perf_analyzer reports a subset (its measurement windows) of the total.
     assert delta["inference_count"] >= server["inference_count"]
     # A client batch of 16 is 16 inferences per execution on the server.
-    assert server["avg_batch"] == pytest.approx(batch)
+    # (perf_analyzer reads the inference and execution counters at slightly
+    # different moments at window edges, so allow a stray count or two.)
+    assert server["avg_batch"] == pytest.approx(batch, rel=0.02)
     assert delta["fail_count"] == 0
 
 
