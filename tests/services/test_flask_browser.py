@@ -9,7 +9,6 @@ the app: every request the browser makes is checked."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 import os
 
 import pytest
@@ -47,8 +46,6 @@ def flask_on_onnx(onnx_server, service_logs):
 
 @pytest.fixture(scope="module")
 def triton(built_models, tmp_path_factory):
-    if importlib.util.find_spec("servelab.triton_local") is None:
-        pytest.skip("servelab/triton_local.py (the Triton issue) has not landed yet")
     from servelab import triton_local
 
     server = triton_local.start(
