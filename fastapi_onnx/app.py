@@ -53,7 +53,9 @@ session.run(None, {input_name: np.zeros((1, 3, food11.INPUT_SIZE, food11.INPUT_S
 app = FastAPI(
     title="Food-11 classifier (ONNX Runtime)",
     description=f"MobileNetV2 exported to ONNX, 11 food classes. Weights: {info.weights_kind} ({info.note}).",
+    docs_url=None, redoc_url=None,       # /docs and /redoc come from the next line, without a CDN
 )
+serving.install_offline_docs(app)        # Swagger UI and ReDoc served by this app itself (works offline)
 app.add_middleware(serving.BodySizeLimit, max_bytes=serving.MAX_BODY_BYTES)  # bigger bodies: 413, unread
 serving.install_error_handlers(app)                           # bad input → JSON 4xx
 

@@ -61,7 +61,9 @@ with torch.inference_mode():             # warm-up: the first call allocates mem
 app = FastAPI(
     title="Food-11 classifier (PyTorch)",
     description=f"MobileNetV2, 11 food classes. Weights: {info.weights_kind} ({info.note}).",
+    docs_url=None, redoc_url=None,       # /docs and /redoc come from the next line, without a CDN
 )
+serving.install_offline_docs(app)        # Swagger UI and ReDoc served by this app itself (works offline)
 app.add_middleware(serving.BodySizeLimit, max_bytes=serving.MAX_BODY_BYTES)  # bigger bodies: 413, unread
 serving.install_error_handlers(app)      # bad input → JSON 4xx with a readable message
 

@@ -472,3 +472,69 @@ def install_error_handlers(app) -> None:
         log.exception("unexpected error while serving %s %s", request.method, request.url.path)
         return JSONResponse({"error": "internal_error", "message": "The server failed; see its log."},
                             status_code=500)
+
+
+# --------------------------------------------------------------------------
+# API docs (/docs, /redoc) served by the app itself, offline
+# --------------------------------------------------------------------------
+
+DOCS_STATIC_PATH = "/docs-static"
+
+
+def docs_assets_dir() -> Path:
+    """Swagger UI and ReDoc's JavaScript/CSS, as shipped by the pinned
+    ``fastapi-offline`` package (its ``static/`` folder). Only its files are
+    used; the pages themselves come from FastAPI's own helpers."""
+    import fastapi_offline
+
+    return Path(fastapi_offline.__file__).resolve().parent / "static"
+
+
+def install_offline_docs(app) -> None:
+    """Serve Swagger UI at ``/docs`` and ReDoc at ``/redoc`` from this app.
+
+    FastAPI's default pages load their JavaScript from a CDN, so on a node or
+    laptop without that network they are blank. This is FastAPI's documented
+    self-hosting recipe ("Custom Docs UI Static Assets"): create the app with
+    ``docs_url=None, redoc_url=None``, mount the assets, add the two pages."""
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+    from fastapi.staticfiles import StaticFiles
+
+    if app.docs_url or app.redoc_url:
+        raise ValueError("create the app with FastAPI(..., docs_url=None, redoc_url=None): "
+                         "install_offline_docs serves /docs and /redoc itself")
+    assets = docs_assets_dir()
+    # The pages may load only from this app: ReDoc's sidebar would otherwise
+    # fetch its vendor's logo from the network (cosmetic; blocked here).
+    csp = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                                      "script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+                                      "worker-src 'self' blob:; connect-src 'self'"}
+    app.mount(DOCS_STATIC_PATH, StaticFiles(directory=assets), name="docs-static")
+    favicon = f"{DOCS_STATIC_PATH}/favicon.png"
+    redirect_url = "/docs/oauth2-redirect"
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui_html():
+        page = get_swagger_ui_html(
+            openapi_url=app.openapi_url, title=f"{app.title} - Swagger UI",
+            oauth2_redirect_url=redirect_url,
+            swagger_js_url=f"{DOCS_STATIC_PATH}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_STATIC_PATH}/swagger-ui.css",
+            swagger_favicon_url=favicon,
+        )
+        page.headers.update(csp)
+        return page
+
+    @app.get(redirect_url, include_in_schema=False)
+    def swagger_ui_redirect():
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc_html():
+        page = get_redoc_html(
+            openapi_url=app.openapi_url, title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{DOCS_STATIC_PATH}/redoc.standalone.js",
+            redoc_favicon_url=favicon, with_google_fonts=False,
+        )
+        page.headers.update(csp)
+        return page
