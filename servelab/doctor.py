@@ -473,6 +473,26 @@ def format_table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+def process_list_note(mounts: Path = Path("/proc/mounts")) -> str:
+    """Triton takes its admin key only as a command-line argument
+    (``--http-restricted-api=...:admin-key=KEY``), and any local user reads
+    every process's command line unless /proc is mounted with hidepid=2.
+    '' when /proc hides other users' processes, else the advice."""
+    try:
+        for line in mounts.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 4 and parts[1] == "/proc" and parts[2] == "proc":
+                opts = dict((o.split("=", 1) + [""])[:2] for o in parts[3].split(","))
+                if opts.get("hidepid") in ("2", "invisible"):
+                    return ""
+    except OSError:
+        pass
+    return ("note: TRITON_ADMIN_KEY is an argument of tritonserver, so any user of this host can read it "
+            "in /proc/<pid>/cmdline (Jupyter's token is not: it travels in the environment). On a host "
+            "shared with other users, remount /proc with hidepid=2 (`sudo mount -o remount,hidepid=2 "
+            "/proc`) or run the lab on a host or account of its own. See docs/SECURITY.md.")
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     env_file = Path(args.env_file) if args.env_file else None
     if args.write_env:
@@ -485,6 +505,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     mode = "CPU-only Docker host" if args.cpu else "GPU node"
     print(f"servelab doctor: pre-flight for the Compose stacks ({mode}, stack: {args.stack})\n")
     print(format_table(results))
+    if process_list_note():
+        print("\n" + process_list_note())
     return 1 if any(r.status == FAIL for r in results) else 0
 
 

@@ -189,7 +189,10 @@ def _command(name: str, host: str, ports: Mapping[str, int], triton_workdir: Pat
         nb = root / "notebooks"
         cmd = [py, "-m", "jupyterlab", "--no-browser", f"--ServerApp.ip={host}", f"--ServerApp.port={port}",
                "--ServerApp.port_retries=0", f"--ServerApp.root_dir={nb if nb.is_dir() else root}",
-               f"--IdentityProvider.token={token}", "--ServerApp.open_browser=False",
+               # The token is NOT an argument: /proc/<pid>/cmdline is world-readable, the
+               # environment (/proc/<pid>/environ) is owner-only. Jupyter reads JUPYTER_TOKEN,
+               # which start() puts in this process's environment.
+               "--ServerApp.open_browser=False",
                "--ServerApp.allow_remote_access=False"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")  # containers and lab VMs often run as root

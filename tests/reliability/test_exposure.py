@@ -249,3 +249,44 @@ def test_bench_refuses_oversized_input_files(kind, tmp_path):
     assert verdict.startswith("REFUSED"), (
         f"servelab.bench.targets._read_images reads {path} whole with no size limit: {verdict}")
     assert float(verdict.split()[2]) < 5.0
+
+
+# --------------------------------------------------------------------------
+# Secrets in the process list (issue 15, item 2)
+# --------------------------------------------------------------------------
+
+def test_local_jupyter_token_is_not_in_any_command_line(tmp_path):
+    """Any local user can read /proc/<pid>/cmdline; the Jupyter token (a
+    shell as the stack's user) must travel in the environment, which is
+    owner-only (/proc/<pid>/environ is mode 0400)."""
+    from servelab import stack
+
+    token = "tok-" + os.urandom(12).hex()
+    with stack.running(["jupyter"], free_ports=True, jupyter_token=token, log_dir=tmp_path) as st:
+        pids = [p.pid for p in tree(st.servers["jupyter"].pid)]
+        assert pids
+        for pid in pids:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            assert token not in cmdline, f"pid {pid} shows the Jupyter token to every local user: {cmdline}"
+            assert "IdentityProvider.token" not in cmdline and "ServerApp.token" not in cmdline, cmdline
+        environ = f"/proc/{st.servers['jupyter'].pid}/environ"
+        assert os.stat(environ).st_mode & 0o077 == 0, "the token's environment is readable by others"
+        # The token still protects Jupyter: refused without, accepted with.
+        base = st.urls["jupyter"]
+        assert requests.get(f"{base}/api/contents", timeout=15).status_code == 403
+        ok = requests.get(f"{base}/api/contents", headers={"Authorization": f"token {token}"}, timeout=15)
+        assert ok.status_code == 200
+
+
+def test_doctor_says_where_the_triton_key_is_visible(tmp_path):
+    """Triton's admin key can only be an argument: doctor tells the instructor
+    who can read it and what hides it (hidepid=2), unless /proc already does."""
+    from servelab import doctor
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text("sysfs /sys sysfs rw 0 0\nproc /proc proc rw,nosuid,relatime 0 0\n")
+    note = doctor.process_list_note(mounts)
+    assert "hidepid=2" in note and "/proc/<pid>/cmdline" in note and "TRITON_ADMIN_KEY" in note
+    for opt in ("hidepid=2", "hidepid=invisible"):
+        mounts.write_text(f"proc /proc proc rw,nosuid,relatime,{opt},gid=10 0 0\n")
+        assert doctor.process_list_note(mounts) == ""
