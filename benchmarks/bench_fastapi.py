@@ -1,6 +1,7 @@
 """Benchmark: raw model throughput vs the two FastAPI services, in one run.
 
     .venv/bin/python benchmarks/bench_fastapi.py [--rounds 3] [--requests 100] [--concurrency 16]
+                                                 [--quick | --tiny] [--json PATH]
 
 Measures on this machine (nothing else should be busy), in ``--rounds``
 interleaved rounds:
@@ -27,11 +28,9 @@ test); ``--strict`` makes a miss exit 1.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import concurrent.futures
 import json
-import signal
 import sys
 import threading
 import time
@@ -40,34 +39,10 @@ from pathlib import Path
 import numpy as np
 import requests
 
+from servelab import bench, food11, paths, procs, serving
+from servelab.bench import script
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from servelab import bench, food11, paths, procs, serving  # noqa: E402
-
-
-def summarize(latencies_s, wall_s):
-    ms = np.asarray(latencies_s) * 1000.0
-    return {
-        "n": int(ms.size),
-        "median_ms": float(np.percentile(ms, 50)),
-        "p95_ms": float(np.percentile(ms, 95)),
-        "p99_ms": float(np.percentile(ms, 99)),
-        "throughput": ms.size / wall_s,
-    }
-
-
-def time_loop(fn, n, warmup=10):
-    for _ in range(warmup):
-        fn()
-    lat = []
-    t_start = time.perf_counter()
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        lat.append(time.perf_counter() - t0)
-    return summarize(lat, time.perf_counter() - t_start)
 
 
 # --------------------------------------------------------------------------
@@ -148,7 +123,7 @@ def sequential_loop(url: str, body: bytes, n: int, client: str = "bench") -> dic
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
 
-    return time_loop(once, n, warmup=10)
+    return script.time_loop(once, n, warmup=10)
 
 
 def concurrent_loop(url: str, body: bytes, concurrency: int, n: int, client: str = "bench") -> dict:
@@ -175,7 +150,7 @@ def concurrent_loop(url: str, body: bytes, concurrency: int, n: int, client: str
         futures = [pool.submit(once) for _ in range(n)]
         latencies = [f.result() for f in futures]
         wall = time.perf_counter() - t_start
-    return summarize(latencies, wall)
+    return script.summary(latencies, wall)
 
 
 def _bench_run(url: str, body: bytes, pattern) -> dict:
@@ -184,42 +159,34 @@ def _bench_run(url: str, body: bytes, pattern) -> dict:
     r = bench.run(target, pattern, progress=False)
     if r.error_count or r.ok != pattern.requests:
         raise RuntimeError(f"{r.error_count} failed requests against {url}: {r.errors}")
-    return summarize(np.asarray(r.latencies_ms) / 1000.0, r.duration_s)
+    return script.summary(np.asarray(r.latencies_ms) / 1000.0, r.duration_s)
 
 
 def fmt(name: str, runs: list[dict]) -> str:
-    best = max(runs, key=lambda r: r["throughput"])
+    top = script.best(runs)
     spread = " ".join(f"{r['throughput']:.1f}" for r in runs)
-    return (f"{name:<40} {best['n']:>5}  {best['median_ms']:>8.2f}  {best['p95_ms']:>8.2f}  {best['p99_ms']:>8.2f}"
-            f"  {best['throughput']:>8.1f}   [{spread}]")
+    return (f"{name:<40} {top['count']:>5}  {top['p50_ms']:>8.2f}  {top['p95_ms']:>8.2f}  {top['p99_ms']:>8.2f}"
+            f"  {top['throughput']:>8.1f}   [{spread}]")
 
 
 def best(runs: list[dict]) -> float:
-    return max(r["throughput"] for r in runs)
-
-
-def _stop_on_sigterm(signum, frame):
-    raise SystemExit(128 + signum)  # unwinds through `finally`, which stops the servers
+    return script.best(runs)["throughput"]
 
 
 def main(argv=None) -> int:
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = script.Parser(__doc__, rounds=3)
     ap.add_argument("--image", type=Path, default=None, help="image to send (default: first bundled JPEG sample)")
     ap.add_argument("--pth", type=Path, default=paths.PTH_TARGETS[0])
     ap.add_argument("--onnx", type=Path, default=paths.ONNX_TARGETS[0])
-    ap.add_argument("--requests", type=int, default=100, help="sequential requests per service and round")
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--concurrent-requests", type=int, default=400,
-                    help="requests shared by the concurrent clients, per round")
-    ap.add_argument("--raw-iterations", type=int, default=200)
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="repeat every measurement, interleaved; the best round counts (noise only slows down)")
+    ap.sized("--requests", type=int, full=100, quick=40, tiny=3, help="sequential requests per service and round")
+    ap.sized("--concurrency", type=int, full=16, tiny=2)
+    ap.sized("--concurrent-requests", type=int, full=400, quick=160, tiny=4,
+             help="requests shared by the concurrent clients, per round")
+    ap.sized("--raw-iterations", type=int, full=200, quick=80, tiny=3)
     ap.add_argument("--workers", type=int, default=None,
                     help="SERVELAB_INFERENCE_WORKERS for both services (default: the apps' own)")
     ap.add_argument("--client", choices=("bench", "requests"), default="bench",
                     help="load generator: the kit's (servelab.bench, default) or a requests thread pool")
-    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
     args = ap.parse_args(argv)
 
@@ -253,7 +220,8 @@ def main(argv=None) -> int:
             for kind in ("onnx", "torch"):
                 for t in threads:
                     name = f"raw_{kind}_t{t}"
-                    results.setdefault(name, []).append(time_loop(raw[name], args.raw_iterations, warmup=20))
+                    results.setdefault(name, []).append(
+                        script.time_loop(raw[name], args.raw_iterations, warmup=min(20, args.raw_iterations)))
                 key = "onnx" if kind == "onnx" else "pt"
                 url = servers[key].url
                 results.setdefault(f"{key}_seq", []).append(sequential_loop(url, body, args.requests, args.client))
@@ -292,12 +260,10 @@ def main(argv=None) -> int:
         passed = ratio >= goal
         ok &= passed
         print(f"{name:<48} {ratio:6.3f}  (target >= {goal:.2f})  {'PASS' if passed else 'FAIL'}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"results": results, "health": health,
-                                         "ratios": {n: r for n, r, _ in targets}}, indent=2) + "\n")
+    script.write_json(args.json, {"results": results, "health": health,
+                                  "ratios": {n: r for n, r, _ in targets}})
     return 0 if ok or not args.strict else 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    script.run(main)

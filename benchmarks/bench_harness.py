@@ -7,7 +7,7 @@ bench's closed and open loops, then, for comparison, with an aiohttp client
 doing the same closed loop. Client and server share this machine's cores, so
 the figures are a lower bound on the client's own capacity.
 
-    .venv/bin/python benchmarks/bench_harness.py [--duration 3]
+    .venv/bin/python benchmarks/bench_harness.py [--duration 3] [--quick | --tiny] [--json PATH]
 
 Target: >= 2,000 requests/s sustained: the closed loop's best rate, and an
 open loop offered 2,000/s (constant and Poisson) achieving >= 95 % of it
@@ -23,9 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from servelab import bench, procs  # noqa: E402
+from servelab import bench, procs
+from servelab.bench import script
 
 TARGET_RPS = 2000
 REPLY = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
@@ -88,11 +87,11 @@ def aiohttp_closed(url: str, concurrency: int, duration: float) -> float:
     return asyncio.run(main())
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+def main(argv=None) -> int:
+    ap = script.Parser(__doc__)
+    ap.sized("--duration", type=float, full=3.0, quick=1.0, tiny=0.3, help="seconds per measurement")
     ap.add_argument("--serve-raw", type=int, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.serve_raw:
         serve_raw(args.serve_raw)
         return 0
@@ -142,8 +141,15 @@ def main() -> int:
         ok &= r.error_count == 0 and r.throughput >= 0.95 * TARGET_RPS and on_time >= 0.95
     ok &= closed_best >= TARGET_RPS
     print("PASS" if ok else "FAIL", f"harness sustains >= {TARGET_RPS:,} req/s")
+    script.write_json(args.json, {
+        "cpus": os.cpu_count(), "duration_s": args.duration, "target_rps": TARGET_RPS, "pass": bool(ok),
+        "closed_best_rps": closed_best,
+        "runs": [{"endpoint": k, "run": n, "throughput": r} if not hasattr(r, "throughput") else
+                 {"endpoint": k, "run": n, "throughput": r.throughput, "p50_ms": r.latency["p50_ms"],
+                  "p99_ms": r.latency["p99_ms"], "late": r.late, "errors": r.error_count}
+                 for (k, n), r in best.items()]})
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    script.run(main)

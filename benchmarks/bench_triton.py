@@ -13,24 +13,21 @@ count 1 / count 2 runs alternate, so slow drift on a shared machine hits
 both sides. CPU time per image/inference is printed too: unlike images/s,
 it does not depend on what else the machine is running. Usage::
 
-    python benchmarks/bench_triton.py [--window-ms 5000] [--rounds 2] [--json out.json]
+    python benchmarks/bench_triton.py [--window-ms 5000] [--rounds 2] [--quick | --tiny] [--json out.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import resource
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from servelab import food11, paths, perf, procs, triton_local  # noqa: E402
+from servelab import food11, paths, perf, procs, triton_local
+from servelab.bench import script
 
 ONNX_MODEL = "food_classifier_onnx"
 PT_MODEL = "food_classifier"
@@ -161,13 +158,11 @@ def bench_counts(t, window_ms: int, rounds: int, input_dir: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--window-ms", type=int, default=5000, help="perf_analyzer measurement window")
-    ap.add_argument("--ort-seconds", type=float, default=6.0)
-    ap.add_argument("--rounds", type=int, default=2, help="count 1 / count 2 alternations")
+    ap = script.Parser(__doc__, rounds=2)  # rounds: count 1 / count 2 alternations
+    ap.sized("--window-ms", type=int, full=5000, quick=2000, tiny=1000, help="perf_analyzer measurement window")
+    ap.sized("--ort-seconds", type=float, full=6.0, quick=2.0, tiny=0.3)
     ap.add_argument("--skip-onnx", action="store_true")
     ap.add_argument("--skip-counts", action="store_true")
-    ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE"], default=None,
                     help="OMP_WAIT_POLICY for the server (servelab's default is PASSIVE)")
     args = ap.parse_args(argv)
@@ -205,10 +200,9 @@ def main(argv=None) -> int:
                              "ratio": ratio, "runs": counts["runs"]}
     out["load_end"] = os.getloadavg()[0]
     print(f"\nload average {out['load_end']:.1f} at the end (figures from a shared machine vary with it)")
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
+    script.write_json(args.json, out)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    script.run(main)

@@ -2,7 +2,7 @@
 closed-loop clients keep sending, and count what fails.
 
     .venv/bin/python benchmarks/reload_under_load.py [--model food_classifier] [--concurrency 8]
-                                                     [--settle 3]
+                                                     [--settle 3] [--quick | --tiny] [--json PATH]
 
 Starts the real local Triton 2.51 (free loopback ports), puts ``--concurrency``
 closed-loop HTTP clients on ``--model``, and, through the kit's reload helper
@@ -23,22 +23,16 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import requests
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from servelab import food11, paths, procs  # noqa: E402
-from servelab.bench.targets import triton_infer_body  # noqa: E402
+from servelab import food11, paths, procs
+from servelab.bench import script, stats
+from servelab.bench.targets import triton_infer_body
 
 EDITS = (
     ("count 2 + dynamic_batching", {"instance_group": [{"count": 2, "kind": "KIND_CPU"}], "dynamic_batching": {}}),
@@ -114,10 +108,6 @@ class Load:
             return len(self.samples)
 
 
-def _pct(values, q):
-    return float(np.percentile(values, q)) if len(values) else float("nan")
-
-
 def measure(server, model: str = "food_classifier", concurrency: int = 8, settle: float = 3.0,
             edits=EDITS, log=print) -> dict:
     """Run the load, apply ``edits`` one by one, return every figure."""
@@ -165,8 +155,9 @@ def measure(server, model: str = "food_classifier", concurrency: int = 8, settle
     return {
         "model": model, "concurrency": concurrency, "requests": len(samples), "failed": len(failed),
         "failures": failures[:50], "failure_window_s": window, "reloads": reloads,
-        "latency_ms": {"baseline_p50": _pct(base, 50), "baseline_p99": _pct(base, 99),
-                       "during_reload_p50": _pct(dur, 50), "during_reload_max": max(dur) if dur else float("nan")},
+        "latency_ms": {"baseline_p50": stats.percentile(base, 50), "baseline_p99": stats.percentile(base, 99),
+                       "during_reload_p50": stats.percentile(dur, 50),
+                       "during_reload_max": max(dur) if dur else float("nan")},
         "throughput": len(samples) / (samples[-1].t_done - samples[0].t_send) if samples else 0.0,
     }
 
@@ -193,11 +184,12 @@ def report(rec: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = script.Parser(__doc__)
     ap.add_argument("--model", default="food_classifier", choices=["food_classifier", "food_classifier_onnx"])
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--settle", type=float, default=3.0, help="seconds of load before, between and after reloads")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.sized("--concurrency", type=int, full=8, tiny=2)
+    ap.sized("--settle", type=float, full=3.0, quick=1.5, tiny=0.3,
+             help="seconds of load before, between and after reloads")
+    ap.add_argument("--out", dest="json", type=Path, help=argparse.SUPPRESS)  # the old name of --json
     args = ap.parse_args(argv)
     from servelab import triton_local
 
@@ -206,13 +198,12 @@ def main(argv=None) -> int:
         print(f"Triton ready on {t.http_url}; {args.concurrency} clients on {args.model}; 3 reloads", flush=True)
         rec = measure(t, args.model, args.concurrency, args.settle)
     print(report(rec))
-    out = args.out or paths.REPO_ROOT / "results" / "reload" / f"reload-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rec, indent=1, default=str))
+    out = script.write_json(args.json or paths.REPO_ROOT / "results" / "reload"
+                            / f"reload-{time.strftime('%Y%m%d-%H%M%S')}.json", rec)
     print(f"verdict: {'PASS' if rec['failed'] == 0 else 'FAIL'} ({rec['failed']} failed client requests)   "
           f"figures: {out}")
     return 0 if rec["failed"] == 0 else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script.run(main)

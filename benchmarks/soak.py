@@ -3,6 +3,7 @@ process may keep growing.
 
     .venv/bin/python benchmarks/soak.py [--requests 10000] [--concurrency 16]
                                         [--targets fastapi_onnx,triton_onnx] [--checkpoint 2000]
+                                        [--quick | --tiny] [--json PATH]
 
 For each target, on free loopback ports, with servelab.bench's closed-loop
 load generator (the lab's own measuring tool):
@@ -17,25 +18,20 @@ each Python-backend stub separately. Passes when no request failed and every
 process grew by less than ``--max-growth`` (10 %) between the ``--checkpoint``
 request and the last one (the first requests warm caches, allocators and
 shared memory, so growth before the checkpoint is expected). Prints a table
-per target and a verdict; writes ``results/soak/soak-<time>.json``. Exit 1 on
+per target and a verdict; writes ``results/soak/soak-<time>.json`` (or ``--json``). Exit 1 on
 a failed request or too much growth.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from servelab import bench, paths, procs  # noqa: E402
+from servelab import bench, paths, procs
+from servelab.bench import script
 
 TARGETS = ("fastapi_onnx", "triton_onnx")
 
@@ -127,14 +123,14 @@ def run_triton_onnx(args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=10_000)
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--checkpoint", type=int, default=2_000, help="growth is measured from this request on")
-    ap.add_argument("--chunk", type=int, default=1_000, help="requests between memory samples")
+    ap = script.Parser(__doc__)
+    ap.sized("--requests", type=int, full=10_000, quick=2_000, tiny=40)
+    ap.sized("--concurrency", type=int, full=16, tiny=4)
+    ap.sized("--checkpoint", type=int, full=2_000, quick=500, tiny=20, help="growth is measured from this request on")
+    ap.sized("--chunk", type=int, full=1_000, quick=250, tiny=10, help="requests between memory samples")
     ap.add_argument("--max-growth", type=float, default=0.10)
     ap.add_argument("--targets", default=",".join(TARGETS))
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", dest="json", type=Path, help=argparse.SUPPRESS)  # the old name of --json
     args = ap.parse_args(argv)
     targets = [t for t in args.targets.split(",") if t]
     for t in targets:
@@ -171,14 +167,12 @@ def main(argv=None) -> int:
         if n_err or rec["ok"] != rec["sent"] or rec["sent"] != args.requests:
             failed = True
 
-    out = args.out or paths.REPO_ROOT / "results" / "soak" / f"soak-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args) | {"out": str(out)}, "records": records}, indent=1,
-                              default=str))
+    out = args.json or paths.REPO_ROOT / "results" / "soak" / f"soak-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    script.write_json(out, {"args": vars(args) | {"json": str(out)}, "records": records})
     print(f"\nverdict: {'FAIL' if failed else 'PASS'} (0 failed requests and every process < "
           f"{args.max_growth:.0%} RSS growth required)   figures: {out}")
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script.run(main)

@@ -5,7 +5,7 @@ A benchmark is a script that prints figures (never a test). It uses::
     from servelab.bench import script
 
     def main(argv=None) -> int:
-        ap = script.Parser(__doc__, rounds=3)                  # --rounds, --quick, --tiny, --json
+        ap = script.Parser(__doc__, rounds=3)                  # --rounds, --quick | --tiny, --json
         ap.sized("--requests", type=int, full=100, quick=30, tiny=4, help="...")
         args = ap.parse_args(argv)                             # args.size: "full" | "quick" | "tiny"
         lat = script.time_loop(fn, args.requests, warmup=10)   # script.summary(latencies_s, wall_s)
@@ -41,7 +41,7 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser with the common flags and size presets.
 
     ``doc`` is the module docstring: its first paragraph is the description.
-    ``rounds`` (a default) adds ``--rounds``; ``json_flag`` adds ``--json PATH``
+    ``rounds`` (the full-size default) adds ``--rounds`` (at most 2 with --quick, 1 with --tiny); ``json_flag`` adds ``--json PATH``
     (``args.json`` is None without it).
     """
 
@@ -49,8 +49,8 @@ class Parser(argparse.ArgumentParser):
         super().__init__(description=(doc or "").strip().split("\n\n")[0], **kw)
         self._sized: dict[str, dict[str, Any]] = {}
         if rounds is not None:
-            self.add_argument("--rounds", type=int, default=rounds,
-                              help=f"repeat the measurements (default {rounds})")
+            self.sized("--rounds", type=int, full=rounds, quick=min(rounds, 2), tiny=1,
+                       help="repeat the measurements")
         size = self.add_mutually_exclusive_group()
         size.add_argument("--quick", dest="size", action="store_const", const="quick", default="full",
                           help="smaller sizes: a rough look, not figures to quote")
