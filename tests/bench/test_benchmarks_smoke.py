@@ -1,0 +1,95 @@
+"""Every ``benchmarks/*.py`` runs with ``--tiny`` (the skeleton's smallest
+sizes) and prints every row and JSON field it promises.
+
+Functional only: the figures from tiny runs on a shared machine mean nothing,
+so nothing here looks at a number's size (a benchmark's own PASS/FAIL verdict
+on its targets may go either way; a traceback may not). A new benchmark must
+add its rows to ``EXPECTED`` (the test fails for a script it does not know).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted(p.name for p in (REPO / "benchmarks").glob("*.py"))
+
+
+def _aiohttp() -> bool:
+    try:
+        import aiohttp  # noqa: F401  (only the harness's yardstick)
+    except ImportError:
+        return False
+    return True
+
+
+# script -> (extra arguments, exit codes allowed, lines that must be printed, JSON check)
+EXPECTED = {
+    "bench_fastapi.py": (
+        [], {0},
+        ["raw ONNX Runtime, batch 1, 1 thread(s)", "raw PyTorch, batch 1, 1 thread(s)",
+         "FastAPI ONNX, sequential", "FastAPI ONNX, 2 concurrent", "FastAPI PyTorch, sequential",
+         "FastAPI PyTorch, 2 concurrent", "FastAPI ONNX 2 conc / raw ORT batch-1",
+         "FastAPI PyTorch 2 conc / its sequential", "FastAPI PyTorch 2 conc / raw PyTorch batch-1"],
+        lambda d: (set(d) == {"results", "health", "ratios"} and len(d["ratios"]) == 3
+                   and {"onnx_seq", "onnx_conc", "pt_seq", "pt_conc", "raw_onnx_t1", "raw_torch_t1"}
+                   <= set(d["results"])
+                   and all(r["count"] > 0 and r["throughput"] > 0 and "p99_ms" in r
+                           for runs in d["results"].values() for r in runs)),
+    ),
+    "bench_harness.py": (
+        [], {0, 1},  # 1: a target missed (tiny runs are too short to sustain a rate)
+        [f"{kind:<10} {name}" for kind in ("raw", "uvicorn")
+         for name in ("bench closed C=1 ", "bench closed C=16", "bench closed C=64",
+                      "bench open 2000/s constant", "bench open 2000/s poisson")]
+        + (["aiohttp closed C=16 (comparison)"] if _aiohttp() else [])
+        + ["closed-loop capacity:", "open loop 2000/s constant on raw", "harness sustains >= 2,000 req/s"],
+        lambda d: (len([r for r in d["runs"] if r["run"].startswith("bench")]) == 10
+                   and all(r["errors"] == 0 for r in d["runs"] if "errors" in r)),
+    ),
+    "bench_triton.py": (
+        [], {0},
+        ["[1] ONNX Runtime batch 16 vs Triton", "preferred16/http ", "preferred16/grpc ",
+         "preferred16/http+shm", "preferred8/http ", "preferred8/grpc ", "preferred8/http+shm",
+         "=> Triton / raw ORT", "[2] food_classifier", "food_classifier count 1", "food_classifier count 2",
+         "=> count 2 / count 1", "load average"],
+        lambda d: (len(d["onnx"]["runs"]) == 6 and {"ratio", "count1_infer_per_s", "count2_infer_per_s"}
+                   <= set(d["counts"])),
+    ),
+    "soak.py": (
+        [], {0, 1},  # 1: RSS growth over 40 requests says nothing; failed requests are checked below
+        ["=== soak summary ===", "fastapi_onnx: 40 sent, 40 ok, 0 failed",
+         "triton_onnx (dynamic batching): 40 sent, 40 ok, 0 failed", "Triton: average batch", "verdict:"],
+        lambda d: [r["sent"] for r in d["records"]] == [40, 40] and all("total" in r["growth"] for r in d["records"]),
+    ),
+    "reload_under_load.py": (
+        ["--model", "food_classifier_onnx"], {0},
+        ["reload 1:", "reload 2:", "reload 3:", "latency: baseline", "verdict: PASS"],
+        lambda d: len(d["reloads"]) == 3 and d["failed"] == 0 and d["requests"] > 0,
+    ),
+}
+
+
+def test_every_benchmark_has_a_smoke_check():
+    assert set(SCRIPTS) == set(EXPECTED), "add the new benchmark's rows to EXPECTED"
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_benchmark_runs_tiny(name, tmp_path):
+    if name not in EXPECTED:
+        pytest.fail(f"{name}: no expected rows in EXPECTED")
+    extra, codes, rows, json_ok = EXPECTED[name]
+    out = tmp_path / "figures.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), "--tiny", "--json", str(out), *extra],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    log = f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+    assert proc.returncode in codes, log
+    assert "Traceback" not in proc.stderr, log
+    missing = [row for row in rows if row not in proc.stdout]
+    assert not missing, f"rows not printed: {missing}\n{log}"
+    assert json_ok(json.loads(out.read_text())), log
