@@ -13,8 +13,8 @@ reduced to the kernelspec, and outputs are never written. Building twice gives
 the same bytes, and ``check_sources`` compares what matters (cell type,
 source, tags) itself.
 
-The second half of the module holds the few helpers the measurement
-notebooks import (``check``, ``wait_for_backend``, ``reload_from_files``).
+This module builds the notebooks; what the notebooks themselves import lives
+in :mod:`servelab.lab`, and the list of lessons in :mod:`servelab.lessons`.
 """
 
 from __future__ import annotations
@@ -232,77 +232,3 @@ def _cmd_pull(args) -> int:
         return 2
     print(f"wrote {src}; review it with `git diff`, then run `python -m servelab notebooks build`")
     return 0
-
-
-# --------------------------------------------------------------------------
-# Helpers the measurement notebooks (4_fastapi, 6_triton) call. Stdlib only
-# at import time: they also run inside the lab's Jupyter containers.
-
-CHECK_PASS = "✔ as expected"
-CHECK_FAIL = "✘ not what the lesson predicts"
-
-
-def check(passed: bool, expected: str, measured: str) -> None:
-    """Tell the learner whether a measurement shows what it should (prints one ✔ or ✘ line)."""
-    mark = CHECK_PASS if passed else CHECK_FAIL
-    print(f"{mark}: {expected}\n    measured: {measured}")
-    if not passed:
-        print("    (a busy machine or very few requests can do this: run the cell again, or compare with the answer key)")
-
-
-def wait_for_backend(url: str, backend: str, timeout_s: float = 900.0, poll_s: float = 5.0,
-                     hint: str = "") -> dict:
-    """Poll ``url``/health until the server reports ``backend``; return its health JSON.
-
-    Used when the learner swaps the FastAPI container (PyTorch -> ONNX) on the
-    GPU host while the notebook waits.
-    """
-    import json
-    import time
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    told = False
-    last = None
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=5) as r:
-                last = json.load(r)
-            if last.get("backend") == backend:
-                return last
-        except (urllib.error.URLError, OSError, ValueError):
-            last = None
-        if not told:
-            now = last.get("backend") if last else "no answer"
-            print(f"waiting for {url} to serve {backend} (now: {now}). {hint}".rstrip(), flush=True)
-            told = True
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{url} did not start serving {backend} within {timeout_s:.0f} s")
-        time.sleep(poll_s)
-
-
-def reload_from_files(model: str, grpc_url: str, admin_key: str | None = None) -> dict:
-    """Ask Triton, through its model-repository API, to load ``model`` again
-    from its (edited) config.pbtxt; return the config Triton now reports.
-
-    In the lab's Compose stack Triton reads the mounted repository itself, so
-    one ``load_model`` call does it. The kit's local Triton serves a prepared
-    copy of the repository (GPU groups mapped to CPU, ONNX through a runner):
-    there the copy is refreshed from the edited files first.
-    """
-    host, _, port = grpc_url.rpartition(":")
-    if host in ("127.0.0.1", "localhost") and port.isdigit():
-        from servelab import triton_local
-
-        if triton_local.read_state(grpc_port=int(port)):
-            return triton_local.reload_model(model, grpc_url=grpc_url, admin_key=admin_key, verbose=False)
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(grpc_url)
-    try:
-        headers = {"triton-grpc-protocol-admin-key": admin_key} if admin_key else None
-        client.load_model(model, headers=headers)
-        return client.get_model_config(model, as_json=True)["config"]
-    finally:
-        client.close()

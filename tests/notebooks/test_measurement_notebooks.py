@@ -11,11 +11,11 @@ import shutil
 import pytest
 
 from conftest import REPO_ROOT, base_kernel_env, notebook_text, run_notebook
-from servelab import notebooks
+from servelab import lab
 
 def _checks(text: str) -> tuple[list[str], list[str]]:
-    passed = re.findall(rf"^{re.escape(notebooks.CHECK_PASS)}: (.*)$", text, re.M)
-    failed = re.findall(rf"^{re.escape(notebooks.CHECK_FAIL)}: (.*)$", text, re.M)
+    passed = re.findall(rf"^{re.escape(lab.CHECK_PASS)}: (.*)$", text, re.M)
+    failed = re.findall(rf"^{re.escape(lab.CHECK_FAIL)}: (.*)$", text, re.M)
     return passed, failed
 
 
