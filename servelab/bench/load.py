@@ -8,6 +8,14 @@
   whatever the server does. Latency runs from the *scheduled* send time, so
   a request delayed by a stalled server or by the in-flight cap still counts
   its full wait; sends later than ``late_after_ms`` are counted as late.
+  When the in-flight cap is full, ``overflow="wait"`` holds the send back
+  (counted as ``held``: the queue is growing) and ``"drop"`` skips it
+  (counted as ``dropped``), which keeps a run past capacity bounded.
+
+Every run also records what could spoil it (late sends, event-loop lag,
+client/server/host CPU; see ``validity``) and carries a verdict in
+``Result.validity``. ``run_checked`` repeats an invalid run a bounded number
+of times; a run that never comes out valid is *inconclusive*.
 
 Everything runs on one asyncio event loop (uvloop when installed), one
 keep-alive connection per request in flight. ``run()`` works in scripts and
@@ -28,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from servelab.bench import http, schedule, stats
+from servelab.bench import http, schedule, stats, validity
 from servelab.bench.progress import Progress
 from servelab.bench.targets import Target
 
@@ -48,6 +56,7 @@ class Pattern:
     seed: int = 0                     # open loop: Poisson schedule seed
     late_after_ms: float = 5.0        # open loop: a send this late counts as late
     timeout: float = 30.0             # per request, seconds
+    overflow: str = "wait"            # open loop, cap full: "wait" (held) or "drop"
 
     def __post_init__(self) -> None:
         if self.mode not in ("closed", "open"):
@@ -69,6 +78,8 @@ class Pattern:
                 raise ValueError(f"distribution must be one of {schedule.DISTRIBUTIONS}")
             if self.max_in_flight < 1:
                 raise ValueError("max_in_flight must be >= 1")
+            if self.overflow not in ("wait", "drop"):
+                raise ValueError("overflow must be 'wait' or 'drop'")
 
     @property
     def label(self) -> str:
@@ -125,10 +136,28 @@ class Result:
     server: dict | None = None
     utilization: dict | None = None
     extra: dict = field(default_factory=dict)
+    held: int = 0                     # open loop: sends held back by the in-flight cap
+    dropped: int = 0                  # open loop, overflow="drop": scheduled, never sent
+    validity: dict | None = None      # validity.Validity.as_dict()
+    attempts: int = 1                 # run_checked: how many runs it took
 
     @property
     def error_count(self) -> int:
         return sum(self.errors.values())
+
+    @property
+    def valid(self) -> bool:
+        """True unless the run recorded something that spoils it."""
+        return bool(self.validity is None or self.validity.get("valid", True))
+
+    @property
+    def verdict(self) -> str:
+        return "valid" if self.valid else validity.INCONCLUSIVE
+
+    @property
+    def offered(self) -> int:
+        """Requests the pattern asked for in the measured window (sent + dropped)."""
+        return self.sent + self.dropped
 
     def row(self) -> dict:
         """A flat summary (one CSV/table row)."""
@@ -138,6 +167,8 @@ class Result:
         for k in ("mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms"):
             r[k] = round(self.latency.get(k, math.nan), 3)
         r["late"] = self.late if self.late is not None else ""
+        r["dropped"] = self.dropped
+        r["valid"] = "" if self.validity is None else ("yes" if self.valid else "no")
         srv = (self.server or {}).get("per_request_ms", {})
         for k in ("queue", "compute_input", "compute_infer", "compute_output"):
             r[f"server_{k}_ms"] = round(srv[k], 3) if k in srv else ""
@@ -152,7 +183,8 @@ class Result:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Result":
-        return cls(**d)
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def save_json(results: Sequence[Result], path: str | Path) -> Path:
@@ -230,6 +262,7 @@ class _Engine:
         self.target, self.pattern, self.label = target, pattern, label
         self.progress_enabled = progress
         self.sessions: list = []   # every session opened, closed at the end
+        self.server_pids = server_pids_of(target)
         self.idle: list = []       # open loop: sessions free for the next request
 
     async def _open_session(self):
@@ -261,7 +294,7 @@ class _Engine:
         return perf()
 
     # -- open loop ----------------------------------------------------------
-    async def _open_phase(self, n: int, seed: int, rec: _Recorder | None, prog: Progress | None) -> tuple[float, int, int]:
+    async def _open_phase(self, n: int, seed: int, rec: _Recorder | None, prog: Progress | None) -> tuple[float, int, int, int, int]:
         pat = self.pattern
         offs = schedule.offsets(pat.rate, n, pat.distribution, seed)
         loop = asyncio.get_running_loop()
@@ -270,7 +303,7 @@ class _Engine:
         slot = asyncio.Event()
         tasks: set[asyncio.Task] = set()
         late_after = pat.late_after_ms / 1000.0
-        late = 0
+        late = held = dropped = 0
 
         async def one(session, i, t_sched, t_send):
             kind = await _call(self.target, session, i)
@@ -288,13 +321,20 @@ class _Engine:
             delay = t_sched - perf()
             if delay > 0:
                 await asyncio.sleep(delay)
-            while state["in_flight"] >= pat.max_in_flight:
-                slot.clear()
-                await slot.wait()
+            was_held = False
+            if state["in_flight"] >= pat.max_in_flight:
+                if pat.overflow == "drop":
+                    dropped += 1
+                    continue
+                was_held = True
+                while state["in_flight"] >= pat.max_in_flight:
+                    slot.clear()
+                    await slot.wait()
             session = self.idle.pop() if self.idle else await self._open_session()
             t_send = perf()
             if t_send - t_sched > late_after:
                 late += 1
+                held += was_held
             state["in_flight"] += 1
             state["max"] = max(state["max"], state["in_flight"])
             task = loop.create_task(one(session, i, t_sched, t_send))
@@ -304,7 +344,7 @@ class _Engine:
             await asyncio.gather(*tasks)
         if ticker:
             ticker.cancel()
-        return perf(), late, state["max"]
+        return perf(), late, state["max"], held, dropped
 
     async def _tick(self, rec: _Recorder | None, prog: Progress) -> None:
         while True:
@@ -317,7 +357,9 @@ class _Engine:
         pat = self.pattern
         started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         late = None
-        max_seen = 0
+        max_seen = held = dropped = 0
+        ticker = validity.LoopTicker(pat.late_after_ms)
+        meter = validity.CPUMeter(self.server_pids)
         try:
             if pat.mode == "closed":
                 workers = [await self._open_session() for _ in range(pat.concurrency)]
@@ -327,6 +369,8 @@ class _Engine:
                     await o.before()
                 prog = Progress(self.label, total=pat.requests, duration=pat.duration,
                                 enabled=self.progress_enabled)
+                meter.start()
+                ticker.start()
                 t0 = time.perf_counter()
                 rec = _Recorder(t0)
                 t_end = await self._closed_phase(workers, pat.requests, pat.duration, rec, prog)
@@ -340,11 +384,17 @@ class _Engine:
                 for o in observers:
                     await o.before()
                 prog = Progress(self.label, total=n, enabled=self.progress_enabled)
+                meter.start()
+                ticker.start()
                 t0 = time.perf_counter()
                 rec = _Recorder(t0)
-                t_end, late, max_seen = await self._open_phase(n, pat.seed, rec, prog)
+                t_end, late, max_seen, held, dropped = await self._open_phase(n, pat.seed, rec, prog)
+            tick = await ticker.stop()
+            cpu = meter.stop()
             prog.close()
         finally:
+            if ticker._task is not None and not ticker._task.done():
+                ticker._task.cancel()
             for s in self.sessions:
                 try:
                     await self.target.close(s)
@@ -369,11 +419,34 @@ class _Engine:
             sent=len(rec.kinds), ok=len(ok_lat), errors=dict(sorted(errors.items())),
             duration_s=duration, throughput=len(ok_lat) / duration,
             latency=stats.summarize(ok_lat), latencies_ms=[x * 1000 for x in ok_lat],
-            late=late, send_lag_ms=send_lag, max_in_flight_seen=max_seen,
+            late=late, send_lag_ms=send_lag, max_in_flight_seen=max_seen, held=held, dropped=dropped,
         )
+        result.validity = validity.assess(mode=pat.mode, sent=result.sent, late=late, held=held,
+                                          ticker=tick, cpu=cpu).as_dict()
         for o in observers:
             await o.after(result)
         return result
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+
+
+def server_pids_of(target: Target) -> list[int]:
+    """The server's process, when it runs on this machine (found by the port it
+    listens on); ``target.server_pids`` overrides. Empty when unknown (then
+    other work on the machine cannot be told from the server's)."""
+    pids = getattr(target, "server_pids", None)
+    if pids is not None:
+        return list(pids)
+    url = (target.describe() or {}).get("url") or ""
+    try:
+        host, port, _ = http.split_url(url)
+    except Exception:
+        return []
+    if host not in LOOPBACK:
+        return []
+    pid = validity.listening_pid(port)
+    return [pid] if pid else []
 
 
 async def arun(target: Target, pattern: Pattern, observers: Sequence[Observer] = (),
@@ -438,6 +511,46 @@ def _new_loop_run(coro):
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+
+def run_checked(target: Target, pattern: Pattern, observers_factory=None, label: str | None = None,
+                progress: bool | None = None, attempts: int = 3, pause_s: float = 1.0,
+                log=None) -> Result:
+    """Run, and repeat while the run is invalid (at most ``attempts`` runs).
+
+    Returns the first valid run, or the last one: then ``result.valid`` is
+    False and its verdict reads "inconclusive: the machine was busy".
+    ``result.attempts`` says how many runs it took; the reasons of the
+    earlier invalid runs are kept in ``result.extra["invalid_attempts"]``."""
+    if attempts < 1:
+        raise ValueError("attempts must be >= 1")
+    earlier: list[dict] = []
+    for i in range(attempts):
+        obs = observers_factory() if observers_factory else ()
+        r = run(target, pattern, obs, label, progress)
+        r.attempts = i + 1
+        if earlier:
+            r.extra["invalid_attempts"] = earlier
+        if r.valid:
+            return r
+        earlier = earlier + [{"reasons": r.validity.get("reasons", []), "p50_ms": r.latency.get("p50_ms"),
+                              "mean_ms": r.latency.get("mean_ms")}]
+        if log is not None:
+            log(f"    {r.label}: invalid run ({'; '.join(r.validity.get('reasons', []))})"
+                + (", repeating" if i + 1 < attempts else f"; {validity.INCONCLUSIVE}"))
+        if i + 1 < attempts:
+            time.sleep(pause_s)
+    return r
+
+
+def warm(target: Target, requests: int = 8, concurrency: int = 1, timeout: float | None = None) -> Result:
+    """Send unmeasured requests: after a start or a reload, so that each model
+    instance has run (and allocated, compiled, paged in) before anything is
+    timed. Use ``concurrency`` >= the number of instances so every instance
+    gets work. Returns the warm-up run (its latencies show the cold start)."""
+    pat = Pattern("closed", max(1, concurrency), requests=max(requests, concurrency), warmup=0,
+                  timeout=timeout or float(getattr(target, "timeout", 30.0)))
+    return run(target, pat, (), "warm-up", progress=False)
 
 
 def sweep(target: Target, patterns: Iterable[Pattern], observers_factory=None,

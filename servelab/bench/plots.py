@@ -180,3 +180,88 @@ def predicted_vs_measured(comparisons: Sequence, path=None, title="Queueing mode
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
     return _finish(fig, path)
+
+
+def _offered(r: Result) -> float:
+    return float(r.pattern.get("rate") or 0.0)
+
+
+def load_sweep(series: Mapping[str, Sequence[Result]], path=None, model: Mapping[str, dict] | None = None,
+               bound_ms: float | None = None, title="Latency vs offered load") -> Figure:
+    """p50 and p99 latency vs offered load (open loop), one colour per
+    configuration; ``model`` adds the queueing model's curves as
+    ``{name: {"rates": [...], "p50_ms": [...], "p99_ms": [...]}}`` (dashed),
+    coloured like the series of the same name. Invalid runs are drawn hollow,
+    runs that dropped requests or timed out are marked with an x."""
+    fig = Figure(figsize=(7.5, 4.6))
+    ax = fig.add_subplot()
+    names = list(series) + [n for n in (model or {}) if n not in series]
+    for i, name in enumerate(names):
+        color = f"C{i}"
+        rs = sorted(series.get(name, []), key=_offered)
+        for p, style in ((50, "-o"), (99, "-s")):
+            xs = [_offered(r) for r in rs]
+            ys = [r.latency[f"p{p}_ms"] for r in rs]
+            if xs:
+                ax.plot(xs, ys, style, color=color, label=f"{name} p{p}", alpha=0.9 if p == 50 else 0.6,
+                        markerfacecolor=color)
+            for r, x, y in zip(rs, xs, ys):
+                if not r.valid:
+                    ax.plot([x], [y], "o", markersize=11, markerfacecolor="none", markeredgecolor="k")
+                if r.dropped or r.error_count:
+                    ax.plot([x], [y], "x", markersize=10, color="k")
+        m = (model or {}).get(name)
+        if m:
+            ax.plot(m["rates"], m["p50_ms"], "--", color=color, linewidth=1, label=f"{name} model p50")
+            ax.plot(m["rates"], m["p99_ms"], ":", color=color, linewidth=1.5, label=f"{name} model p99")
+    if bound_ms:
+        ax.axhline(bound_ms, color="grey", linewidth=0.8)
+        ax.annotate(f"p99 bound {bound_ms:.0f} ms", (ax.get_xlim()[0], bound_ms), fontsize=7, va="bottom")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered load (requests / s, Poisson)")
+    ax.set_ylabel("latency (ms, log scale)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=6, ncol=2)
+    return _finish(fig, path)
+
+
+def throughput_vs_offered(series: Mapping[str, Sequence[Result]], path=None,
+                          title="Throughput vs offered load") -> Figure:
+    """Completed requests/s vs offered requests/s; the diagonal is 'keeps up'."""
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
+    top = 0.0
+    for i, (name, results) in enumerate(series.items()):
+        rs = sorted(results, key=_offered)
+        xs = [_offered(r) for r in rs]
+        top = max([top, *xs])
+        ax.plot(xs, [r.throughput for r in rs], "-o", color=f"C{i}", label=name)
+    ax.plot([0, top], [0, top], ":", color="grey", label="served = offered")
+    ax.set_xlabel("offered load (requests / s)")
+    ax.set_ylabel("completed requests / s")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _finish(fig, path)
+
+
+def batch_cost(curves: Mapping[str, Mapping[int, float]], path=None,
+               title="Batch cost: time per image, S(b)/b") -> Figure:
+    """S(b)/b (ms per image) vs batch size, one line per source
+    (``{name: {b: seconds per batch}}``). Flat: batching buys nothing."""
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
+    for i, (name, pts) in enumerate(curves.items()):
+        bs = sorted(int(b) for b in pts)
+        ax.plot(bs, [1000 * pts[b] / b for b in bs], "-o", color=f"C{i}", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size b")
+    ax.set_ylabel("ms per image, S(b) / b")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _finish(fig, path)

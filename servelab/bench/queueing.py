@@ -140,3 +140,136 @@ class Comparison:
         d = asdict(self)
         d["gap_pct"] = self.gap_pct
         return d
+
+
+# --------------------------------------------------------------------------
+# (d) Curves by simulation: p50 / p99, not only the mean
+# --------------------------------------------------------------------------
+#
+# Percentiles of these queues have no short closed form, so the kit simulates
+# them: Poisson (or evenly spaced) arrivals at rate ``lam``, one model
+# instance, first come first served. Without batching the instance serves one
+# request in S(1) (M/D/1). With dynamic batching (Triton's scheduler with no
+# queue delay) an idle instance starts at once on the first request; a busy
+# one, when it finishes, takes every waiting request up to ``max_batch`` and
+# serves them together in S(b). The batch cost S(b) is the *measured* curve
+# (``BatchCost``), interpolated between the sizes measured.
+
+
+class BatchCost:
+    """S(b): seconds one execution of a batch of ``b`` takes, from measurements
+    ``{b: seconds}``; linear between measured sizes and beyond the last."""
+
+    def __init__(self, points: Mapping[int, float]):
+        pts = sorted((int(b), float(s)) for b, s in points.items() if s and s > 0)
+        if not pts:
+            raise ValueError("no batch-cost points")
+        self.sizes = [b for b, _ in pts]
+        self.seconds = [s for _, s in pts]
+
+    def __call__(self, b: int) -> float:
+        xs, ys = self.sizes, self.seconds
+        if len(xs) == 1:
+            return ys[0] * b / xs[0] if b > xs[0] else ys[0]
+        if b <= xs[0]:
+            return ys[0]
+        for i in range(1, len(xs)):
+            if b <= xs[i]:
+                f = (b - xs[i - 1]) / (xs[i] - xs[i - 1])
+                return ys[i - 1] + f * (ys[i] - ys[i - 1])
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return ys[-1] + slope * (b - xs[-1])
+
+    def per_item(self, b: int) -> float:
+        return self(b) / b
+
+    def capacity(self, max_batch: int = 1) -> float:
+        """Requests/s one instance completes when always busy with full batches."""
+        return max(b / self(b) for b in range(1, max_batch + 1))
+
+    def as_dict(self) -> dict:
+        return {b: s for b, s in zip(self.sizes, self.seconds)}
+
+
+def simulate(rate: float, cost: BatchCost, max_batch: int = 1, n: int = 20000,
+             distribution: str = "poisson", seed: int = 1, queue_delay_s: float = 0.0) -> dict:
+    """Simulated server-side latencies (wait + service, seconds) of ``n`` requests.
+
+    Returns ``{"latencies": ndarray, "batches": [sizes], "stable": bool}``;
+    ``stable`` is False when the backlog was still growing at the end (the
+    offered load is past what the configuration serves)."""
+    import numpy as np
+
+    from servelab.bench import schedule
+    arr = schedule.offsets(rate, n, distribution, seed)
+    lat = np.empty(n)
+    batches: list[int] = []
+    free = 0.0            # when the instance is next free
+    i = 0
+    while i < n:
+        t = arr[i]
+        if free <= t:     # idle: start now (or after the allowed queue delay) with what is there
+            start = t + (queue_delay_s if max_batch > 1 else 0.0)
+        else:
+            start = free
+        j = i + 1
+        while j < n and j - i < max_batch and arr[j] <= start:
+            j += 1
+        b = j - i
+        end = start + cost(b)
+        lat[i:j] = end - arr[i:j]
+        batches.append(b)
+        free = end
+        i = j
+    tail = lat[-max(1, n // 10):]
+    stable = bool(np.median(tail) < 4 * np.median(lat[: max(1, n // 10)]) + 2 * cost(max_batch))
+    return {"latencies": lat, "batches": batches, "stable": stable}
+
+
+def simulated_percentiles(rate: float, cost: BatchCost, max_batch: int = 1, n: int = 20000,
+                          distribution: str = "poisson", seed: int = 1,
+                          queue_delay_s: float = 0.0) -> dict:
+    """p50 / p99 / mean latency (s) and mean batch of the simulated queue."""
+    import numpy as np
+    sim = simulate(rate, cost, max_batch, n, distribution, seed, queue_delay_s)
+    lat = sim["latencies"][n // 20:]          # drop the empty-queue start
+    return {"p50_s": float(np.percentile(lat, 50)), "p99_s": float(np.percentile(lat, 99)),
+            "mean_s": float(lat.mean()), "avg_batch": float(np.mean(sim["batches"])),
+            "stable": sim["stable"]}
+
+
+def sustainable_rate(cost: BatchCost, bound_s: float, max_batch: int = 1, overhead_s: float = 0.0,
+                     percentile: str = "p99_s", n: int = 20000, seed: int = 1) -> float:
+    """The highest Poisson rate whose simulated ``percentile`` latency plus
+    ``overhead_s`` (client and network time, outside the model) stays within
+    ``bound_s``. Bisection between 0 and the configuration's capacity."""
+    hi = cost.capacity(max_batch)
+    lo = 0.0
+    if cost(1) + overhead_s > bound_s:
+        return 0.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        p = simulated_percentiles(mid, cost, max_batch, n, "poisson", seed)
+        if p["stable"] and p[percentile] + overhead_s <= bound_s:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 0.002 * hi:
+            break
+    return lo
+
+
+def crossing(points, bound: float) -> float | None:
+    """Where a measured curve first rises past ``bound``: ``points`` is
+    [(offered rate, value or inf)] sorted by rate. Interpolates linearly
+    between the last point within the bound and the first one past it;
+    None when the first point is already past it, the last rate when none is."""
+    pts = sorted(points)
+    if not pts or not (pts[0][1] <= bound):
+        return None
+    for (r0, v0), (r1, v1) in zip(pts, pts[1:]):
+        if not (v1 <= bound):
+            if math.isinf(v1) or math.isnan(v1):
+                return r0
+            return r0 + (r1 - r0) * (bound - v0) / (v1 - v0)
+    return pts[-1][0]

@@ -30,6 +30,10 @@ def rows(results: Sequence[Result], server: bool | None = None) -> tuple[list[st
         cols += list(SERVER_COLUMNS)
     if any(r.late is not None for r in results):
         cols.append(("late", "late"))
+    if any(r.dropped for r in results):
+        cols.append(("dropped", "dropped"))
+    if any(r.validity is not None for r in results):
+        cols.append(("valid", "valid"))
     body = []
     for r in results:
         row = r.row()

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from servelab.bench import queueing
 from servelab.bench import queueing as q
 
 
@@ -54,3 +55,39 @@ def test_gap():
     assert q.gap_pct(10, 12) == pytest.approx(20)
     cmp = q.Comparison("C=8", "C*S(1)", 80.0, 72.0)
     assert cmp.gap_pct == pytest.approx(-10) and cmp.as_dict()["gap_pct"] == pytest.approx(-10)
+
+
+def test_simulation_matches_md1_mean():
+    cost = queueing.BatchCost({1: 0.010})
+    for rate in (30, 60, 80):
+        sim = queueing.simulated_percentiles(rate, cost, n=40000)
+        assert sim["avg_batch"] == 1.0
+        assert abs(sim["mean_s"] - queueing.md1_response(rate, 0.010)) / queueing.md1_response(rate, 0.010) < 0.08
+        assert sim["p50_s"] <= sim["mean_s"] * 1.05 <= sim["p99_s"] * 1.05
+
+
+def test_batch_cost_interpolates_and_capacity():
+    cost = queueing.BatchCost({1: 0.010, 4: 0.016, 16: 0.040})
+    assert cost(1) == 0.010 and cost(4) == 0.016 and abs(cost(2) - 0.012) < 1e-12
+    assert abs(cost.capacity(1) - 100) < 1e-9 and abs(cost.capacity(16) - 400) < 1e-9
+
+
+def test_batching_helps_only_when_batches_are_cheap():
+    flat = queueing.BatchCost({1: 0.010, 16: 0.160})      # a CPU: cost grows linearly
+    cheap = queueing.BatchCost({1: 0.010, 16: 0.020})     # a GPU: a batch costs little more
+    off = queueing.sustainable_rate(queueing.BatchCost({1: 0.010}), 0.1)
+    assert 60 < off < 100
+    assert queueing.sustainable_rate(flat, 0.1, 16) < 1.2 * off
+    assert queueing.sustainable_rate(cheap, 0.1, 16) > 3 * off
+    # with cheap batches, batches grow with load
+    lo = queueing.simulated_percentiles(50, cheap, 16)["avg_batch"]
+    hi = queueing.simulated_percentiles(300, cheap, 16)["avg_batch"]
+    assert hi > lo >= 1
+
+
+def test_crossing():
+    pts = [(10, 5.0), (20, 8.0), (30, 20.0), (40, float("inf"))]
+    assert queueing.crossing(pts, 14.0) == 25.0
+    assert queueing.crossing(pts, 100.0) == 30
+    assert queueing.crossing(pts, 4.0) is None
+    assert queueing.crossing([(10, 1.0), (20, 2.0)], 5.0) == 20

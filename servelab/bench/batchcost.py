@@ -1,0 +1,100 @@
+"""The batch-cost curve S(b): what one execution of a batch of ``b`` costs.
+
+Dynamic batching helps exactly as much as a batch is cheaper than its items
+one by one, so this is the first fact to measure:
+
+* ``raw_onnx``: ONNX Runtime in this process, no server, batch sizes
+  1..16, with the same thread settings a single Triton instance uses;
+* ``through_triton``: client-side batches of ``b`` sent one at a time to a
+  model with ``max_batch_size >= b``; Triton's per-batch statistics
+  (``batch_stats``) time each execution, so S(b) includes what the backend
+  adds per execution (the Python backend's round trip, for the local runner).
+
+S(b)/b is the cost per image. On a GPU it falls steeply with ``b`` (a batch
+of 16 costs little more than one image); on a small CPU it stays almost flat,
+and then batching cannot add capacity: it only makes each request wait for
+the others in its batch.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+SIZES = (1, 2, 4, 8, 16)
+
+
+def _images(b: int) -> np.ndarray:
+    from servelab import food11
+    from servelab.bench import targets
+    imgs = [food11.preprocess(x) for x in targets.default_images()]
+    return np.stack([imgs[i % len(imgs)] for i in range(b)]).astype(np.float32)
+
+
+def raw_onnx(model_path: str | Path | None = None, sizes: Sequence[int] = SIZES, repeats: int = 5,
+             threads: int | None = None, budget_s: float = 20.0) -> dict:
+    """Median seconds per batch for each size, ONNX Runtime in this process.
+
+    Returns ``{"seconds": {b: s}, "per_image_ms": {b: ms}, "threads": n}``.
+    ``threads`` defaults to what one Triton instance gets here (all cores)."""
+    import onnxruntime as ort
+
+    from servelab import paths
+    from servelab.bench import validity
+    path = Path(model_path) if model_path else next(p for p in paths.ONNX_TARGETS if Path(p).exists())
+    threads = threads or validity.cores()
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    out: dict[int, float] = {}
+    deadline = time.perf_counter() + budget_s
+    for b in sizes:
+        x = _images(b)
+        sess.run(None, {name: x})          # warm this shape
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            sess.run(None, {name: x})
+            times.append(time.perf_counter() - t)
+            if time.perf_counter() > deadline and len(times) >= 2:
+                break
+        out[b] = statistics.median(times)
+    return {"seconds": out, "per_image_ms": {b: 1000 * s / b for b, s in out.items()}, "threads": threads}
+
+
+def triton_batch_target(url: str, model: str, b: int, timeout: float = 30.0):
+    """A Triton HTTP target sending client batches of ``b`` preprocessed images."""
+    from servelab.bench import targets
+    body = targets.triton_infer_body([("input", "FP32", [b, 3, 224, 224], _images(b))], ("output",), True)
+    return targets.TritonHTTPTarget(url, model, [body], None, timeout, protocol_note="binary")
+
+
+def through_triton(url: str, model: str, sizes: Sequence[int] = SIZES, requests: int = 12,
+                   warmup: int = 2, timeout: float = 60.0) -> dict:
+    """S(b) from Triton's own per-batch statistics: ``requests`` client batches
+    of each size, sent one at a time. Returns ``{"seconds": {b: s},
+    "per_image_ms": {b: ms}, "runs": {b: Result}}``."""
+    from servelab.bench import load
+    from servelab.bench.triton import TritonObserver
+    out, runs = {}, {}
+    for b in sizes:
+        target = triton_batch_target(url, model, b, timeout)
+        r = load.run(target, load.sequential(requests, warmup=warmup, timeout=timeout),
+                     [TritonObserver(url, model)], f"client batch {b}", progress=False)
+        per_batch = {int(k): v for k, v in ((r.server or {}).get("per_batch_ms") or {}).items()}
+        if b in per_batch:
+            out[b] = per_batch[b] / 1000
+        runs[b] = r
+    return {"seconds": out, "per_image_ms": {b: 1000 * s / b for b, s in out.items()}, "runs": runs}
+
+
+def describe(seconds: dict) -> str:
+    """One line: S(b) and S(b)/b for each size."""
+    return ", ".join(f"b={b}: {1000 * s:.1f} ms ({1000 * s / b:.2f} ms/img)" for b, s in sorted(seconds.items()))
