@@ -20,12 +20,11 @@ in :mod:`servelab.lab`, and the list of lessons in :mod:`servelab.lessons`.
 from __future__ import annotations
 
 import hashlib
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab import paths
+from servelab import lessons, paths
 
 NOTEBOOKS_DIR = paths.REPO_ROOT / "notebooks"
 SOURCE_DIR = NOTEBOOKS_DIR / "src"
@@ -33,17 +32,11 @@ SOURCE_FORMAT = "md:myst"
 
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
-# The three places a cell can run; every code cell (and every shell block in a
-# markdown cell) starts with one of these comments.
-RUNS_CHAMELEON_JUPYTER = "# runs in Chameleon Jupyter environment"
-RUNS_NODE = "# runs on node-serve-system"
-RUNS_JUPYTER_CONTAINER = "# runs inside the Jupyter container"
-RUNS_LABELS = (RUNS_CHAMELEON_JUPYTER, RUNS_NODE, RUNS_JUPYTER_CONTAINER)
+README = paths.REPO_ROOT / "README.md"
 
 # Only cell metadata worth keeping in the .ipynb.
 KEPT_CELL_METADATA = ("tags",)
 
-_NAME_RE = re.compile(r"^(\d+)_[a-z0-9_]+$")
 
 
 @dataclass(frozen=True)
@@ -55,20 +48,27 @@ class Notebook:
     ipynb: Path
 
     @property
-    def number(self) -> int:
-        return int(self.name.split("_", 1)[0])
+    def lesson(self) -> lessons.Lesson:
+        return lessons.BY_SLUG[self.name]
+
+    @property
+    def number(self) -> str:
+        return self.lesson.number
 
 
 def notebooks(source_dir: Path = SOURCE_DIR, out_dir: Path | None = None) -> list[Notebook]:
-    """Every lab notebook, in lab order (by number)."""
+    """Every lab notebook, in lab order (servelab/lessons.py); every source must be listed there."""
     out_dir = out_dir or source_dir.parent
-    found = []
-    for src in source_dir.glob("*.md"):
-        if not _NAME_RE.match(src.stem):
-            raise ValueError(f"{src}: notebook sources are named N_name.md (e.g. 1_create_lease.md)")
-        found.append(Notebook(src.stem, src, out_dir / f"{src.stem}.ipynb"))
-    found.sort(key=lambda nb: (nb.number, nb.name))
-    return found
+    unlisted = sorted(src.name for src in source_dir.glob("*.md") if src.stem not in lessons.BY_SLUG)
+    if unlisted:
+        raise ValueError(f"{', '.join(unlisted)} in {source_dir}: not in servelab/lessons.py (add a Lesson line)")
+    missing = [f"{les.slug}.md" for les in lessons.LESSONS if not (source_dir / f"{les.slug}.md").exists()]
+    if len(missing) == len(lessons.LESSONS):
+        return []  # no sources here at all
+    if missing:
+        raise ValueError(f"{', '.join(missing)}: listed in servelab/lessons.py but not in {source_dir}")
+    return [Notebook(les.slug, source_dir / f"{les.slug}.md", out_dir / f"{les.slug}.ipynb")
+            for les in lessons.LESSONS]
 
 
 def _cell_id(name: str, index: int, cell_type: str, source: str) -> str:
@@ -106,9 +106,27 @@ def render(nb) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def build(source_dir: Path = SOURCE_DIR, out_dir: Path | None = None, quiet: bool = False) -> list[Path]:
-    """Write every notebook whose bytes would change; return the paths written."""
+def _tables(source_dir: Path, readme: Path | None) -> list[tuple[Path, str, str]]:
+    """(file, text now, text with the lesson table from servelab/lessons.py) for every file with markers."""
+    out = [(src, src.read_text(encoding="utf-8")) for src in sorted(source_dir.glob("*.md"))]
+    out = [(path, text, lessons.with_table(text)) for path, text in out if lessons.TABLE_START in text]
+    if readme is not None:
+        text = readme.read_text(encoding="utf-8")
+        out.append((readme, text, lessons.with_table(text, "notebooks/", numbered=True)))
+    return out
+
+
+def build(source_dir: Path = SOURCE_DIR, out_dir: Path | None = None, quiet: bool = False,
+          readme: Path | None = None) -> list[Path]:
+    """Write the lesson tables (in the sources, and ``readme`` when given), then every
+    notebook whose bytes would change; return the paths written."""
     written = []
+    for path, old, new in _tables(source_dir, readme):
+        if new != old:
+            path.write_text(new, encoding="utf-8")
+            written.append(path)
+            if not quiet:
+                print(f"wrote the lesson table in {path.name}")
     for item in notebooks(source_dir, out_dir):
         text = render(build_notebook(item.source, item.name))
         old = item.ipynb.read_text(encoding="utf-8") if item.ipynb.exists() else None
@@ -125,14 +143,20 @@ def cell_summary(nb) -> list[tuple[str, str, tuple[str, ...]]]:
     return [(c.cell_type, c.source.strip("\n"), tuple(c.metadata.get("tags", ()))) for c in nb.cells]
 
 
-def check_sources(source_dir: Path = SOURCE_DIR, out_dir: Path | None = None) -> list[str]:
-    """Problems found (empty when every committed .ipynb matches its source)."""
+def check_sources(source_dir: Path = SOURCE_DIR, out_dir: Path | None = None,
+                  readme: Path | None = None) -> list[str]:
+    """Problems found (empty when every committed .ipynb matches its source and
+    every lesson table, ``readme``'s too when given, matches servelab/lessons.py)."""
     import nbformat
 
-    problems = []
-    items = notebooks(source_dir, out_dir)
+    try:
+        items = notebooks(source_dir, out_dir)
+    except ValueError as err:
+        return [str(err)]
     if not items:
         return [f"no notebook sources in {source_dir}"]
+    problems = [f"{path.name}: lesson table differs from servelab/lessons.py; run `python -m servelab notebooks build`"
+                for path, old, new in _tables(source_dir, readme) if new != old]
     out_dir = out_dir or source_dir.parent
     known = {item.ipynb.name for item in items}
     for stray in sorted(out_dir.glob("*.ipynb")):
@@ -186,7 +210,7 @@ def pull(name: str, source_dir: Path = SOURCE_DIR, out_dir: Path | None = None) 
 def runs_label(source: str) -> str | None:
     """The "# runs ..." label a code block starts with, or None."""
     first = source.lstrip("\n").split("\n", 1)[0].strip()
-    return first if first in RUNS_LABELS else None
+    return first if first in lessons.RUNS_LABELS else None
 
 
 # --------------------------------------------------------------------------
@@ -207,14 +231,14 @@ def add_parser(sub) -> None:
 
 
 def _cmd_build(args) -> int:
-    written = build()
+    written = build(readme=README)
     if not written:
         print("notebooks are up to date")
     return 0
 
 
 def _cmd_check(args) -> int:
-    problems = check_sources()
+    problems = check_sources(readme=README)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     if problems:

@@ -18,22 +18,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab import notebooks, paths
+from servelab import lessons, notebooks, paths
 
 DEFAULT_OUT = paths.BUILD_DIR / "site"
 SITE_TITLE = "ServeLab: system-level optimization of model serving"
 
-# Label text and CSS class for each "# runs ..." comment.
-WHERE = {
-    notebooks.RUNS_CHAMELEON_JUPYTER: ("Runs in the Chameleon Jupyter environment", "chameleon"),
-    notebooks.RUNS_NODE: ("Runs on node-serve-system (a terminal on the GPU server)", "node"),
-    notebooks.RUNS_JUPYTER_CONTAINER: ("Runs inside the Jupyter container (or the local Jupyter)", "container"),
-}
-SHORT_WHERE = {
-    notebooks.RUNS_CHAMELEON_JUPYTER: "Chameleon Jupyter environment",
-    notebooks.RUNS_NODE: "node-serve-system",
-    notebooks.RUNS_JUPYTER_CONTAINER: "inside the Jupyter container",
-}
+# Label text and CSS class for each "# runs ..." comment (servelab/lessons.py).
+WHERE = {p.label: (p.long, p.key) for p in lessons.PLACES.values()}
+SHORT_WHERE = {p.label: p.short for p in lessons.PLACES.values()}
 
 CSS = """
 :root { --fg: #1d2330; --muted: #5b6475; --line: #d8dde6; --bg-code: #f6f8fa; --accent: #2b59c3; }
@@ -64,7 +56,9 @@ details { border: 1px solid var(--line); border-left: 4px solid var(--accent); b
           padding: 0.5rem 1rem; margin: 1rem 0; background: #fbfcfe; }
 summary { cursor: pointer; font-weight: 600; }
 .where-list { color: var(--muted); font-size: 0.9rem; }
-ol.notebooks li { margin: 0.6rem 0; }
+ul.notebooks { list-style: none; padding-left: 0; }
+ul.notebooks li { margin: 0.6rem 0; }
+ul.notebooks .num { display: inline-block; min-width: 2.2em; color: var(--muted); }
 """
 
 
@@ -157,7 +151,7 @@ def render_notebook(nb, md=None) -> tuple[str, list[str], int, int]:
                 answer_keys += 1
                 if not rendered.lstrip().startswith("<details"):
                     rendered = f"<details><summary>Answer key</summary>\n{rendered}</details>\n"
-            for label in notebooks.RUNS_LABELS:
+            for label in lessons.RUNS_LABELS:
                 if f"<span class=\"runs {WHERE[label][1]}\">" in rendered and label not in where:
                     where.append(label)
             parts.append(f'<div class="cell markdown">\n{rendered}</div>')
@@ -204,7 +198,8 @@ def _index(pages: list[Page]) -> str:
     for page in pages:
         where = ", ".join(SHORT_WHERE[w] for w in page.where) or "reading only"
         rows.append(
-            f'<li><a href="{page.filename}">{html.escape(page.name)}</a>: {html.escape(page.title)}'
+            f'<li><span class="num">{html.escape(lessons.BY_SLUG[page.name].number)}</span>'
+            f'<a href="{page.filename}">{html.escape(page.name)}</a>: {html.escape(page.title)}'
             f'<div class="where-list">runs: {html.escape(where)}</div></li>'
         )
     body = (
@@ -215,7 +210,7 @@ def _index(pages: list[Page]) -> str:
         "the model servers (a container on Chameleon, or the local Jupyter that <code>make up</code> starts).</p>\n"
         "<p>Without a GPU or Docker, run <code>make demo</code>, then <code>make up</code> and notebooks 4 and 6 "
         "in the local Jupyter.</p>\n"
-        f'<ol class="notebooks" start="0">\n' + "\n".join(rows) + "\n</ol>"
+        '<ul class="notebooks">\n' + "\n".join(rows) + "\n</ul>"
     )
     return _layout(SITE_TITLE, body)
 

@@ -16,11 +16,11 @@ import pytest
 import yaml
 
 from conftest import NOTEBOOKS_DIR, REPO_ROOT
-from servelab import notebooks
+from servelab import lessons, notebooks
 
 KIT_ON_NODE = "~/serve-system-chi"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
-SHELL_NOTEBOOKS = ("3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton")
+SHELL_NOTEBOOKS = tuple(les.slug for les in lessons.LESSONS if les.runs in ("node", "container"))
 
 
 def node_blocks(name: str) -> list[str]:
@@ -30,7 +30,7 @@ def node_blocks(name: str) -> list[str]:
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             for _lang, body in FENCE.findall(cell.source):
-                if notebooks.runs_label(body) == notebooks.RUNS_NODE:
+                if notebooks.runs_label(body) == lessons.RUNS_NODE:
                     blocks.append(body)
     return blocks
 
@@ -114,7 +114,7 @@ def _check_servelab_command(argv: list[str]) -> None:
 @pytest.mark.parametrize("name", SHELL_NOTEBOOKS)
 def test_host_commands_name_things_that_exist(name):
     commands = node_commands(name)
-    if name in ("3_fastapi_setup", "5_triton_setup"):
+    if name in lessons.slugs("node"):
         assert commands, "setup notebooks are made of host commands"
     files_used: list[Path] = []
     for argv in commands:

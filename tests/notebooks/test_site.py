@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab import notebooks, site
+from servelab import lessons, notebooks, site
 
 
 class _Collect(HTMLParser):
@@ -43,7 +43,9 @@ def test_one_page_per_notebook_plus_index(built):
     index = (out / "index.html").read_text()
     for name in names:
         assert f'href="{name}.html"' in index
-    assert index.index("0_intro.html") < index.index("4_fastapi.html") < index.index("7_delete_resources.html")
+    positions = [index.index(f'href="{name}.html"') for name in lessons.slugs()]
+    assert names == lessons.slugs() and positions == sorted(positions)
+    assert f'<span class="num">{lessons.LESSONS[-1].number}</span>' in index
 
 
 def test_code_cells_are_labelled_with_where_they_run(built):
@@ -56,12 +58,13 @@ def test_code_cells_are_labelled_with_where_they_run(built):
         for cell in (c for c in nb.cells if c.cell_type == "code"):
             assert notebooks.runs_label(cell.source) is not None
         kinds = {kind for kind, _ in labels}
-        if page.name in ("1_create_lease", "2_create_server_nvidia", "7_delete_resources"):
+        runs = lessons.BY_SLUG[page.name].runs
+        if runs == "chameleon":
             assert kinds == {"chameleon"}
             assert "Runs in the Chameleon Jupyter environment" in html
-        if page.name in ("3_fastapi_setup", "5_triton_setup"):
+        if runs == "node":
             assert "node" in kinds and "Runs on node-serve-system" in html
-        if page.name in ("4_fastapi", "6_triton"):
+        if runs == "container":
             assert "container" in kinds and "Runs inside the Jupyter container" in html
     index = (out / "index.html").read_text()
     assert "node-serve-system" in index and "Chameleon Jupyter environment" in index
@@ -76,7 +79,7 @@ def test_answer_keys_are_collapsed(built):
         assert "<details open" not in html
         assert details == html.count("</details>") == html.count("<summary>")
     measured = {p.name: p.answer_keys for p in pages}
-    assert measured["4_fastapi"] >= 2 and measured["6_triton"] >= 2
+    assert all(measured[name] >= 2 for name in lessons.slugs("container"))
 
 
 def test_no_network_assets_and_links_resolve(built):

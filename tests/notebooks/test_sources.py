@@ -12,19 +12,12 @@ import nbformat
 import pytest
 
 from conftest import NOTEBOOKS_DIR
-from servelab import notebooks
+from servelab import lessons, notebooks
 
-LAB = ["0_intro", "1_create_lease", "2_create_server_nvidia", "3_fastapi_setup", "4_fastapi",
-       "5_triton_setup", "6_triton", "7_delete_resources"]
-WHERE_BY_NOTEBOOK = {
-    "1_create_lease": notebooks.RUNS_CHAMELEON_JUPYTER,
-    "2_create_server_nvidia": notebooks.RUNS_CHAMELEON_JUPYTER,
-    "3_fastapi_setup": notebooks.RUNS_NODE,
-    "4_fastapi": notebooks.RUNS_JUPYTER_CONTAINER,
-    "5_triton_setup": notebooks.RUNS_NODE,
-    "6_triton": notebooks.RUNS_JUPYTER_CONTAINER,
-    "7_delete_resources": notebooks.RUNS_CHAMELEON_JUPYTER,
-}
+LAB = lessons.slugs()  # the one list: servelab/lessons.py
+WHERE_BY_NOTEBOOK = {les.slug: les.place.label for les in lessons.LESSONS if les.place}
+SETUP = lessons.slugs("node")  # made of host commands
+MEASURED = lessons.slugs("container")  # measurement notebooks, with answer keys
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
 
@@ -44,6 +37,38 @@ def copy(tmp_path):
 
 def test_the_lab_has_its_notebooks_in_order():
     assert [nb.name for nb in notebooks.notebooks()] == LAB
+    assert sorted(p.stem for p in notebooks.SOURCE_DIR.glob("*.md")) == sorted(LAB)
+    assert LAB[0] == "0_intro" and len(LAB) >= 8
+    assert {"4_fastapi", "6_triton"} <= set(MEASURED) and {"3_fastapi_setup", "5_triton_setup"} <= set(SETUP)
+
+
+def test_lesson_numbers_order_inserted_lessons_between_their_neighbours():
+    assert sorted(["7", "6b", "10", "6", "6a", "0"], key=lessons.order_key) == ["0", "6", "6a", "6b", "7", "10"]
+    with pytest.raises(ValueError):
+        lessons.order_key("6-b")
+    with pytest.raises(ValueError, match="slug"):
+        lessons.Lesson("6b", "6_b_more", "container", "x")
+    with pytest.raises(ValueError, match="runs"):
+        lessons.Lesson("6b", "6b_more", "laptop", "x")
+
+
+def test_a_source_missing_from_the_registry_is_an_error(copy):
+    (copy / "src" / "6b_more.md").write_text((copy / "src" / "0_intro.md").read_text())
+    with pytest.raises(ValueError, match="6b_more.md.*servelab/lessons.py"):
+        notebooks.notebooks(copy / "src", copy)
+    assert "not in servelab/lessons.py" in notebooks.check_sources(copy / "src", copy)[0]
+
+
+def test_lesson_tables_in_readme_and_intro_come_from_the_registry(copy):
+    assert [p for p in notebooks.check_sources(readme=notebooks.README) if "lesson table" in p] == []
+    readme = notebooks.README.read_text()
+    for les in lessons.LESSONS:
+        assert f"| {les.number} | [{les.slug}](notebooks/{les.slug}.ipynb) | {les.title} | {les.where} |" in readme
+    intro = copy / "src" / "0_intro.md"
+    intro.write_text(intro.read_text().replace("| [4_fastapi](4_fastapi.ipynb)", "| [4_fastapi](4_old.ipynb)"))
+    assert any("0_intro.md: lesson table differs" in p for p in notebooks.check_sources(copy / "src", copy))
+    notebooks.build(copy / "src", copy, quiet=True)
+    assert notebooks.check_sources(copy / "src", copy) == []
 
 
 def test_committed_notebooks_match_their_sources():
@@ -147,10 +172,10 @@ def test_every_code_cell_says_where_it_runs(name):
         elif cell.cell_type == "markdown":
             for lang, body in FENCE.findall(cell.source):
                 label = notebooks.runs_label(body)
-                if name in ("3_fastapi_setup", "5_triton_setup") and lang in ("bash", "sh", "shell"):
-                    assert label == notebooks.RUNS_NODE, body[:120]
-                if label is not None and expected is not None and name not in ("3_fastapi_setup", "5_triton_setup"):
-                    assert label in notebooks.RUNS_LABELS
+                if name in SETUP and lang in ("bash", "sh", "shell"):
+                    assert label == lessons.RUNS_NODE, body[:120]
+                if label is not None and expected is not None and name not in SETUP:
+                    assert label in lessons.RUNS_LABELS
 
 
 @pytest.mark.parametrize("name", LAB)
@@ -161,7 +186,7 @@ def test_answer_keys_are_collapsed(name):
         assert cell.cell_type == "markdown"
         text = cell.source.strip()
         assert text.startswith("<details>") and text.endswith("</details>") and "<summary>" in text
-    if name in ("4_fastapi", "6_triton"):
+    if name in MEASURED:
         assert len(keys) >= 2, "each measurement notebook carries answer keys"
 
 
