@@ -27,28 +27,35 @@ MODEL_PATH = Path(os.environ.get("MODEL_PATH", Path(__file__).with_name("food11.
 # --- Device and CPU threads: the lesson of this file ---------------------
 # CUDAExecutionProvider on a GPU, else CPU (SERVELAB_DEVICE forces one).
 providers = serving.onnx_providers()
-# The same rule as in the PyTorch service: WORKERS inferences at once, each
-# on THREADS intra-op threads, WORKERS x THREADS = cores; on CPU by default
-# one single-threaded inference per core. (Run() may be called from several
-# threads at once; more calls than WORKERS would only contend for the cores.)
-WORKERS, THREADS = serving.inference_layout("cuda" if "CUDAExecutionProvider" in providers else "cpu")
-inference_slots = threading.BoundedSemaphore(WORKERS)        # at most WORKERS inferences at once
+# The same thread rule as the PyTorch service: a lone request gets every
+# core, concurrent ones an equal share (one each at full load). A session's
+# thread count is fixed when it is created, so we create one session per
+# thread count (the model is 9 MB) and each request runs on the one that
+# matches its share. ONNX Runtime keeps its default wait (spin briefly, then sleep).
+cores = serving.core_share("cuda" if "CUDAExecutionProvider" in providers else "cpu")
 # Decoding is bounded too: a photo at the pixel limit is ~120 MB once
 # decoded, so at most one decode per core runs at once, whatever the load.
 decode_slots = threading.BoundedSemaphore(serving.cpu_threads())
-options = ort.SessionOptions()
-options.intra_op_num_threads = THREADS                        # threads inside one inference
-options.inter_op_num_threads = 1                              # no parallel branches to run
-options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL     # run nodes one after another
-options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL  # fuse conv+bn+relu etc.
+
+
+def session_with(threads):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads                    # threads inside one inference
+    options.inter_op_num_threads = 1                          # no parallel branches to run
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL  # run nodes one after another
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL  # fuse conv+bn+relu etc.
+    return ort.InferenceSession(str(serving.require_model_file(MODEL_PATH)), options, providers=providers)
+
 
 # --- Load the model once, when the server starts ------------------------
-session = ort.InferenceSession(str(serving.require_model_file(MODEL_PATH)), options, providers=providers)
+sessions = {n: session_with(n) for n in cores.shares}          # on 2 cores: {1: ..., 2: ...}
+session = sessions[cores.cores]
 device = serving.onnx_device(session)
 input_name = session.get_inputs()[0].name                     # "input"  [N, 3, 224, 224]
 info = serving.model_info(MODEL_PATH)
 
-session.run(None, {input_name: np.zeros((1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE), np.float32)})  # warm-up
+for warm in sessions.values():  # warm-up: the first run allocates memory
+    warm.run(None, {input_name: np.zeros((1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE), np.float32)})
 
 app = FastAPI(
     title="Food-11 classifier (ONNX Runtime)",
@@ -77,7 +84,7 @@ class PredictResponse(BaseModel):
 def health():
     return {"status": "ok", "model": info.name, "model_version": info.version,
             "weights_kind": info.weights_kind, "backend": "onnxruntime", "device": device,
-            "providers": session.get_providers(), "workers": WORKERS, "threads": THREADS}
+            "providers": session.get_providers(), "workers": cores.workers, "cores": cores.cores}
 
 
 # `def`, not `async def`: FastAPI runs it in its threadpool, so decoding the
@@ -88,8 +95,8 @@ def predict(request: PredictRequest):
         x = food11.preprocess_base64(request.image)           # bad input → 400/413 JSON
     batch = x[np.newaxis]                                     # [1, 3, 224, 224] float32
 
-    with inference_slots:
-        logits = session.run(None, {input_name: batch})[0]    # [1, 11]
+    with cores.threads() as n:                                # waits for a free slot
+        logits = sessions[n].run(None, {input_name: batch})[0]  # [1, 11] on n threads
 
     top = food11.predict_from_logits(logits)[0]               # softmax → label, probability
     return {**top.as_dict(), **info.response_fields()}

@@ -27,23 +27,15 @@ MODEL_PATH = Path(os.environ.get("MODEL_PATH", Path(__file__).with_name("food11.
 # --- Device and CPU threads: the lesson of this file ---------------------
 device = serving.torch_device()          # "cuda" if present, else "cpu"; SERVELAB_DEVICE forces one
 
-# This process has a fixed number of cores. PyTorch can split one forward
-# pass over several intra-op threads, and several requests can run forward
-# passes at the same time. If 16 requests each ran a pass on N threads,
-# 16 x N threads would fight over N cores and every request would get slower
-# (the earlier version of this lab served 16 clients slower than one). So we
-# decide up front:
-#   WORKERS  forward passes allowed at once (the semaphore below),
-#   THREADS  intra-op threads per forward pass,
-# with WORKERS x THREADS = cores. Requests beyond WORKERS wait in a queue:
-# under load you measure queueing delay, not thrashing. On CPU the default is
-# one single-threaded pass per core: one 224x224 image is too little work to
-# split well across threads (see servelab/serving.py, inference_layout).
-# Try SERVELAB_INFERENCE_WORKERS=1 (one pass on all cores) and compare.
-WORKERS, THREADS = serving.inference_layout(device)
-torch.set_num_threads(THREADS)           # intra-op: threads inside one forward pass
+# Threads: a request alone gets every core (torch.set_num_threads(cores),
+# the fastest single request); when several are in flight each gets an equal
+# share, one core each at full load, so 16 requests never run 16 x cores
+# threads on the cores (the earlier lab served 16 clients slower than one).
+# At most one pass per core runs at once; more requests wait in a queue.
+# OpenMP keeps its default wait (spin a few ms, then sleep): PASSIVE made a
+# 2-thread pass 2x slower, ACTIVE spins idle cores at 100 %.
+cores = serving.core_share(device)       # servelab/threads.py: the mechanism
 torch.set_num_interop_threads(1)         # inter-op: MobileNetV2 is one chain of ops
-inference_slots = threading.BoundedSemaphore(WORKERS)   # at most WORKERS passes at once
 # Decoding is bounded too: a photo at the pixel limit is ~120 MB once
 # decoded, so at most one decode per core runs at once, whatever the load.
 decode_slots = threading.BoundedSemaphore(serving.cpu_threads())
@@ -85,7 +77,7 @@ class PredictResponse(BaseModel):
 def health():
     return {"status": "ok", "model": info.name, "model_version": info.version,
             "weights_kind": info.weights_kind, "backend": "pytorch", "device": device,
-            "workers": WORKERS, "threads": THREADS}
+            "workers": cores.workers, "cores": cores.cores}
 
 
 # A plain `def` endpoint: FastAPI runs it in its worker threadpool, so while
@@ -99,7 +91,8 @@ def predict(request: PredictRequest):
         x = food11.preprocess_base64(request.image)
     batch = torch.from_numpy(x).unsqueeze(0).to(device)        # [1, 3, 224, 224]
 
-    with inference_slots, torch.inference_mode():
+    with cores.threads() as n, torch.inference_mode():   # waits for a free slot
+        torch.set_num_threads(n)                                # this thread's share
         logits = model(batch)                                   # [1, 11]
 
     # Softmax turns logits into probabilities that sum to 1 over the classes.

@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import sys
 import threading
 from dataclasses import asdict, dataclass
 
@@ -34,7 +35,7 @@ import numpy as np
 from flask import Request
 from PIL import Image
 
-from servelab import food11
+from servelab import food11, procs
 
 # Largest upload the page accepts (the form's multipart body), in bytes.
 MAX_UPLOAD_BYTES = food11.MAX_IMAGE_BYTES + 64 * 1024
@@ -106,7 +107,7 @@ def note_for(weights_kind: str) -> str:
 
 # A photo at the pixel limit is ~120 MB once decoded: at most one decode per
 # core runs at once, however many uploads arrive together.
-_decode_slots = threading.BoundedSemaphore(max(1, len(os.sched_getaffinity(0))))
+_decode_slots = threading.BoundedSemaphore(procs.cpu_cores())
 
 
 def check_image(data: bytes) -> np.ndarray:
@@ -117,10 +118,33 @@ def check_image(data: bytes) -> np.ndarray:
     if not data:
         raise BadUpload("The uploaded file is empty.", code="empty_upload")
     try:
+        pool = _gevent_threads()
+        if pool is not None:  # the container's gevent workers: keep the event loop free
+            return pool.apply(food11.preprocess, (data,))
         with _decode_slots:
-            return food11.preprocess_image(food11.load_image(data))
+            return food11.preprocess(data)
     except food11.ImageDecodeError as err:
         raise BadUpload(err.message, status=err.status, code=err.code) from None
+
+
+_gevent_pool = None
+
+
+def _gevent_threads():
+    """Under gunicorn's gevent workers (servelab/webserver.py), a pool of one
+    real thread per core for decoding: CPU work in a greenlet would stall every
+    other connection of the worker, and a fixed set of decode threads keeps
+    the allocator's per-thread arenas few. None elsewhere (Flask's own server,
+    tests): there each request already has its own thread."""
+    global _gevent_pool
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None or not monkey.is_module_patched("threading"):
+        return None
+    if _gevent_pool is None:
+        from gevent.threadpool import ThreadPool
+
+        _gevent_pool = ThreadPool(max(1, len(os.sched_getaffinity(0))))
+    return _gevent_pool
 
 
 # --------------------------------------------------------------------------

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servelab import food11, paths
+from servelab import food11, paths, procs
 
 # Bump when the way artifacts are made changes, so old builds are redone.
 BUILD_RECIPE = 4
@@ -209,8 +208,9 @@ def fetch(source: str) -> Path:
 # --------------------------------------------------------------------------
 
 def export_onnx(model, dest: Path) -> None:
-    import torch
     import warnings
+
+    import torch
 
     dummy = torch.zeros(2, 3, food11.INPUT_SIZE, food11.INPUT_SIZE)
     with warnings.catch_warnings():
@@ -310,7 +310,7 @@ def build(weights: str | None = None, out_dir: Path | None = None, force: bool =
     skipped = info is not None
     if info is None:
         t0 = time.perf_counter()
-        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        torch.set_num_threads(procs.cpu_cores())
         model = build_demo_model() if weights is None else load_trained(weights)
         out_dir.mkdir(parents=True, exist_ok=True)
         pth, onnx_path = out_dir / "food11.pth", out_dir / "food11.onnx"

@@ -50,6 +50,45 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 @dataclass
+def cpu_cores() -> int:
+    """CPU cores this process may use, the kit's one core count:
+    ``SERVELAB_THREADS`` if set, else the affinity mask (taskset, Docker
+    ``--cpuset-cpus``) capped by a cgroup v2 CPU quota (Docker ``--cpus``).
+    ``os.cpu_count()`` would report every core of the host even inside a
+    container limited to two."""
+    forced = os.environ.get("SERVELAB_THREADS", "").strip()
+    if forced:
+        try:
+            n = int(forced)
+        except ValueError:
+            raise ValueError(f"SERVELAB_THREADS must be a positive integer, got {forced!r}") from None
+        if n < 1:
+            raise ValueError(f"SERVELAB_THREADS must be a positive integer, got {forced!r}")
+        return n
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        n = min(n, quota)
+    return max(1, n)
+
+
+def cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
+    """Cores allowed by a cgroup v2 ``cpu.max`` quota (rounded up), or None."""
+    try:
+        text = Path(path).read_text().split()
+    except OSError:
+        return None
+    if len(text) != 2 or text[0] == "max":
+        return None
+    try:
+        return max(1, -(-int(text[0]) // int(text[1])))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
 class Server:
     """A server process started in its own session (process group)."""
 

@@ -20,6 +20,10 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
+from servelab import (
+    threads,  # the kit's thread rule (servelab/ is on the stub's PYTHONPATH)
+)
+
 
 def _instances(config):
     """Total model instances in the config (count per listed GPU, if any)."""
@@ -27,13 +31,6 @@ def _instances(config):
     for group in config.get("instance_group", []) or [{"count": 1}]:
         total += int(group.get("count", 1)) * max(1, len(group.get("gpus", []) or []))
     return max(1, total)
-
-
-def _cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 class TritonPythonModel:
@@ -49,19 +46,24 @@ class TritonPythonModel:
         filename = (parameters.get("servelab_onnx_file") or {}).get("string_value") or "model.onnx"
         path = os.path.join(args["model_repository"], args["model_version"], filename)
 
-        # Instances share the CPU cores: give each an equal slice, so two
-        # instances do not run 2 x all-cores threads and thrash.
-        threads = max(1, _cores() // _instances(config))
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        # Idle threads sleep instead of spinning: on a few shared cores a
-        # spinning pool steals the CPU that Triton and the clients need.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # Instances share the CPU cores (servelab/threads.py): an instance
+        # running alone gets every core, busy instances an equal share each.
+        # A session's thread count is fixed, so one session per possible share
+        # (2 on a 2-core machine). ONNX Runtime keeps its default wait (spin
+        # briefly, then sleep): without spinning a lone batch-1 run was slower.
+        self.cores = threads.CoreShare(group=self.name)
+        shares = sorted({threads.share_of(self.cores.cores, busy) for busy in range(1, _instances(config) + 1)})
         providers = ["CPUExecutionProvider"]
         if args["model_instance_kind"] == "GPU" and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"])}))
-        self.session = ort.InferenceSession(path, options, providers=providers)
+            shares = [self.cores.cores]
+        self.sessions = {}
+        for n in shares:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = n
+            options.inter_op_num_threads = 1
+            self.sessions[n] = ort.InferenceSession(path, options, providers=providers)
+        self.session = self.sessions[shares[-1]]
 
         # The config must describe the real model: fail the load, not a request.
         model_inputs = {i.name for i in self.session.get_inputs()}
@@ -72,9 +74,22 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 "config.pbtxt names {} but {} has inputs {} and outputs {}".format(
                     missing, filename, sorted(model_inputs), sorted(model_outputs)))
+        self._warm_up(config)
         pb_utils.Logger.log_info(
-            "{}: onnxruntime {} runner, {} thread(s), providers {}".format(
-                args["model_instance_name"], ort.__version__, threads, self.session.get_providers()))
+            "{}: onnxruntime {} runner, sessions with {} thread(s), providers {}".format(
+                args["model_instance_name"], ort.__version__, sorted(self.sessions), self.session.get_providers()))
+
+    def _warm_up(self, config):
+        """A few runs per session before serving: the first ones allocate memory."""
+        feeds = {}
+        for spec, (name, dtype) in zip(config["input"], self.inputs):
+            if dtype == np.object_:
+                return  # string inputs: no meaningful dummy
+            dims = [max(1, int(d)) for d in spec.get("dims", [])]
+            feeds[name] = np.zeros(([1] if self.max_batch_size > 0 else []) + dims, dtype=dtype)
+        for session in self.sessions.values():
+            for _ in range(3):
+                session.run([n for n, _ in self.outputs], feeds)
 
     def execute(self, requests):
         if self.max_batch_size == 0:
@@ -90,7 +105,9 @@ class TritonPythonModel:
             feeds[name] = np.ascontiguousarray(feeds[name], dtype=dtype)
             sizes = [p.shape[0] for p in parts]
         try:
-            results = self.session.run([n for n, _ in self.outputs], feeds)
+            with self.cores.threads() as share:  # all cores alone, a share when instances run together
+                session = self.sessions[max([t for t in self.sessions if t <= share] or [min(self.sessions)])]
+                results = session.run([n for n, _ in self.outputs], feeds)
         except Exception as err:  # one failed run fails the requests in it, not the server
             error = pb_utils.TritonError("onnxruntime failed: {}".format(err))
             return [pb_utils.InferenceResponse(error=error) for _ in requests]
@@ -110,4 +127,5 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
-        self.session = None
+        self.session = self.sessions = None
+        self.cores.close()

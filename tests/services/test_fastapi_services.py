@@ -24,9 +24,8 @@ def test_health_reports_model_backend_device(fastapi_server):
     assert body["backend"] == ("pytorch" if fastapi_server.name == "fastapi_pt" else "onnxruntime")
     assert body["device"] == "cpu"  # no GPU on this machine; auto falls back to CPU
     assert body["weights_kind"] in ("demo", "trained")
-    # Never oversubscribed: workers x intra-op threads fit the cores.
-    assert body["workers"] * body["threads"] <= serving.cpu_threads()
-    assert body["workers"] == serving.cpu_threads() and body["threads"] == 1  # the CPU default
+    # CPU default: one inference per core at once (a lone one on every core).
+    assert body["workers"] == body["cores"] == serving.cpu_threads()
     assert "device: cpu" in fastapi_server.log_tail(200)  # the choice is logged
 
 
@@ -174,7 +173,7 @@ def test_openapi_documents_the_contract(fastapi_server):
 
 def test_env_knobs_device_and_workers(built_models, service_logs):
     """SERVELAB_DEVICE=cuda on a machine without a GPU falls back to CPU and
-    says so; SERVELAB_INFERENCE_WORKERS=1 gives one inference on all cores."""
+    says so; SERVELAB_INFERENCE_WORKERS=1 gives one inference at a time."""
     from .helpers import start_fastapi
 
     server = start_fastapi("fastapi_onnx", service_logs,
@@ -182,7 +181,7 @@ def test_env_knobs_device_and_workers(built_models, service_logs):
     try:
         health = requests.get(f"{server.url}/health", timeout=10).json()
         assert health["device"] == "cpu"
-        assert (health["workers"], health["threads"]) == (1, serving.cpu_threads())
+        assert (health["workers"], health["cores"]) == (1, serving.cpu_threads())
         assert "falling back to CPU" in server.log_tail(200)
         post_good(server.url)
     finally:

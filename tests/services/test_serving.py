@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servelab import food11, serving
+from servelab import food11, procs, serving, threads
 
 
 @pytest.mark.parametrize("value,expected", [("", "auto"), ("cpu", "cpu"), ("CUDA", "cuda"), (" auto ", "auto")])
@@ -65,8 +65,8 @@ def test_cpu_threads_override_and_validation(monkeypatch):
 def test_cgroup_quota(tmp_path, text, expected):
     f = tmp_path / "cpu.max"
     f.write_text(text + "\n")
-    assert serving._cgroup_cpu_quota(str(f)) == expected
-    assert serving._cgroup_cpu_quota(str(tmp_path / "missing")) is None
+    assert procs.cgroup_cpu_quota(str(f)) == expected
+    assert procs.cgroup_cpu_quota(str(tmp_path / "missing")) is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -105,24 +105,26 @@ def test_missing_model_file_gives_a_hint(tmp_path):
 
 
 @pytest.mark.parametrize("device,cores,workers,expected", [
-    ("cpu", "2", None, (2, 1)), ("cpu", "4", None, (4, 1)), ("cuda", "4", None, (1, 4)),
-    ("cpu", "2", "1", (1, 2)), ("cpu", "4", "2", (2, 2)), ("cpu", "2", "8", (2, 1)), ("cpu", "3", "2", (2, 1)),
+    ("cpu", "2", None, (2, [1, 2])), ("cpu", "4", None, (4, [1, 2, 4])), ("cuda", "4", None, (1, [4])),
+    ("cpu", "2", "1", (1, [2])), ("cpu", "4", "2", (2, [2, 4])), ("cpu", "2", "8", (2, [1, 2])),
+    ("cpu", "3", "2", (2, [1, 3])),
 ])
-def test_inference_layout_never_oversubscribes(monkeypatch, device, cores, workers, expected):
+def test_core_share_never_oversubscribes(monkeypatch, device, cores, workers, expected):
     monkeypatch.setenv("SERVELAB_THREADS", cores)
     if workers is None:
         monkeypatch.delenv("SERVELAB_INFERENCE_WORKERS", raising=False)
     else:
         monkeypatch.setenv("SERVELAB_INFERENCE_WORKERS", workers)
-    w, t = serving.inference_layout(device)
-    assert (w, t) == expected
-    assert w * t <= int(cores)
+    share = serving.core_share(device)
+    assert (share.workers, share.shares) == expected
+    # All workers busy at once: their shares fit the cores.
+    assert share.workers * threads.share_of(share.cores, share.workers) <= int(cores)
 
 
-def test_inference_layout_rejects_nonsense(monkeypatch):
+def test_core_share_rejects_nonsense(monkeypatch):
     monkeypatch.setenv("SERVELAB_INFERENCE_WORKERS", "zero")
     with pytest.raises(ValueError):
-        serving.inference_layout()
+        serving.core_share()
     monkeypatch.setenv("SERVELAB_INFERENCE_WORKERS", "0")
     with pytest.raises(ValueError):
-        serving.inference_layout()
+        serving.core_share()

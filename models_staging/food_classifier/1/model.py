@@ -8,38 +8,41 @@ process) and calls:
   finalize()         at unload.
 """
 
-import json
 import os
 
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from servelab import food11  # labels, safe image decoding, preprocessing, softmax
+from servelab import food11, threads  # images, labels, softmax; CPU threads
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-
         # Triton tells each instance where it should run (instance_group).
         if args["model_instance_kind"] == "GPU" and torch.cuda.is_available():
             self.device = torch.device(f"cuda:{args['model_instance_device_id']}")
         else:
             self.device = torch.device("cpu")
 
-        # On CPU, instances share the cores. Give each instance an equal
-        # slice (cores / instances), or two instances each running one
-        # thread per core fight over the cores and both get slower.
-        instances = sum(g.get("count", 1) * max(1, len(g.get("gpus", []))) for g in config["instance_group"])
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // instances))
+        # On CPU, instances share the cores. An instance running alone gets
+        # every core; when other instances of this model are busy too, each
+        # gets an equal share (one core each at full load on 2 cores), so N
+        # instances never run N x cores threads. OpenMP keeps its default wait
+        # (spin a few ms, then sleep): PASSIVE made a pass 2x slower, ACTIVE
+        # spins the idle stub at 100 %. Mechanism: servelab/threads.py.
+        self.cores = threads.CoreShare(group=args["model_name"])
 
         # food11.pth sits next to this file: a whole pickled MobileNetV2.
         weights = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
         self.model = torch.load(weights, map_location=self.device, weights_only=False)
         self.model.eval()
+        with torch.inference_mode():  # warm-up: the first passes allocate memory and pick kernels
+            for n in sorted({1, self.cores.cores}) * 3:
+                torch.set_num_threads(n)
+                self.model(torch.zeros(1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE, device=self.device))
         pb_utils.Logger.log_info(
-            f"{args['model_instance_name']}: on {self.device}, {torch.get_num_threads()} CPU thread(s)"
+            f"{args['model_instance_name']}: on {self.device}, up to {self.cores.cores} CPU thread(s)"
         )
 
     def execute(self, requests):
@@ -63,7 +66,8 @@ class TritonPythonModel:
         predictions = []
         if images:
             batch = torch.from_numpy(np.stack(images)).to(self.device)
-            with torch.inference_mode():
+            with self.cores.threads() as n, torch.inference_mode():
+                torch.set_num_threads(n)  # all cores alone, a share when instances run together
                 logits = self.model(batch).cpu().numpy()
             predictions = food11.predict_from_logits(logits)  # softmax, then top-1
             pb_utils.Logger.log_info(f"served a batch of {len(images)} image(s) from {len(requests)} request(s)")

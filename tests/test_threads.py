@@ -1,0 +1,97 @@
+"""servelab.threads: a lone inference gets every core, concurrent ones a share,
+within a process (threads) and across processes (Triton instances)."""
+
+import os
+import signal
+import threading
+import time
+
+from servelab import threads
+
+
+def test_lone_inference_gets_every_core():
+    share = threads.CoreShare(cores=4)
+    with share.threads() as n:
+        assert n == 4
+    with share.threads() as n:  # sequential requests: every one is alone
+        assert n == 4
+
+
+def test_concurrent_inferences_in_one_process_share_the_cores():
+    share = threads.CoreShare(cores=2)
+    inside, release, got = threading.Event(), threading.Event(), []
+
+    def first():
+        with share.threads() as n:
+            got.append(n)
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert inside.wait(10)
+    with share.threads() as n:
+        got.append(n)
+    release.set()
+    t.join(10)
+    assert got == [2, 1]
+
+
+def test_workers_bound_the_inferences_running_at_once():
+    share = threads.CoreShare(cores=2, workers=1)
+    inside, release, order = threading.Event(), threading.Event(), []
+
+    def first():
+        with share.threads():
+            inside.set()
+            release.wait(10)
+            order.append("first done")
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert inside.wait(10)
+    threading.Timer(0.3, release.set).start()
+    with share.threads() as n:
+        order.append("second ran")
+        assert n == 2  # one worker: whoever runs has every core
+    t.join(10)
+    assert order == ["first done", "second ran"]
+
+
+def _child_holding(group: str, lock_dir: str, seconds: float) -> int:
+    """Fork a process (another Triton instance) that holds an inference in
+    ``group`` for ``seconds``; return once it holds it."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        os.close(r)
+        try:
+            share = threads.CoreShare(cores=2, group=group, lock_dir=lock_dir, server=1)
+            with share.threads():
+                os.write(w, b"x")
+                time.sleep(seconds)
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"x"
+    os.close(r)
+    return pid
+
+
+def test_instances_in_other_processes_count_each_other(tmp_path):
+    busy = _child_holding("m", str(tmp_path), 30)
+    try:
+        share = threads.CoreShare(cores=2, group="m", lock_dir=str(tmp_path), server=1)
+        with share.threads() as n:
+            assert n == 1  # another instance of the model is busy: a share
+        other_model = threads.CoreShare(cores=2, group="m2", lock_dir=str(tmp_path), server=1)
+        other_server = threads.CoreShare(cores=2, group="m", lock_dir=str(tmp_path), server=2)
+        for alone in (other_model, other_server):
+            with alone.threads() as n:
+                assert n == 2
+    finally:
+        os.kill(busy, signal.SIGKILL)  # a crashed instance: the kernel drops its lock
+        os.waitpid(busy, 0)
+    with share.threads() as n:
+        assert n == 2
+    share.close()
