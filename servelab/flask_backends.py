@@ -143,7 +143,7 @@ def _gevent_threads():
     if _gevent_pool is None:
         from gevent.threadpool import ThreadPool
 
-        _gevent_pool = ThreadPool(max(1, len(os.sched_getaffinity(0))))
+        _gevent_pool = ThreadPool(procs.cpu_cores())
     return _gevent_pool
 
 

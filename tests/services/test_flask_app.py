@@ -178,3 +178,109 @@ def test_triton_backend_down_is_503():
         with pytest.raises(flask_backends.BackendUnavailable):
             backend.classify(first_jpeg(), flask_backends.check_image(first_jpeg()))
         assert backend.ready()[0] is False
+
+
+# --------------------------------------------------------------------------
+# The container's web server: slow clients (issue 15, item 3)
+# --------------------------------------------------------------------------
+
+def _dockerfile_cmd() -> list[str]:
+    import json
+
+    text = (REPO / "flask_app" / "Dockerfile").read_text()
+    line = [ln for ln in text.splitlines() if ln.startswith("CMD ")][-1]
+    return json.loads(line[4:])
+
+
+@pytest.fixture()
+def container_server(onnx_server, tmp_path):
+    """The Flask image's own CMD, run here on loopback (no Docker needed)."""
+    import os
+    import shutil
+
+    cmd = _dockerfile_cmd()
+    exe = shutil.which(cmd[0], path=os.path.dirname(sys.executable)) or shutil.which(cmd[0])
+    assert exe, f"{cmd[0]} is not installed (pyproject's [serve] extra)"
+    port = procs.free_port()
+    # The image binds 0.0.0.0:5000; here the same command binds loopback.
+    cmd = [exe] + [a.replace("0.0.0.0:5000", f"127.0.0.1:{port}") for a in cmd[1:]]
+    server = procs.start("flask_container_cmd", cmd, f"http://127.0.0.1:{port}", log_path=tmp_path / "gunicorn.log",
+                         cwd=REPO / "flask_app",
+                         env={"PYTHONPATH": str(REPO), "HOST": "127.0.0.1", "PORT": str(port),
+                              "INFERENCE_BACKEND": "fastapi", "FASTAPI_SERVER_URL": onnx_server.url})
+    try:
+        procs.wait_http_ok(f"{server.url}/health", timeout=60, server=server)
+        yield server
+    finally:
+        server.stop()
+
+
+def _slow_client(port: int, stop, closed_after: list, body: bool = False):
+    """A slowloris: a request line, then one header line every 20 s (or full
+    headers and a body that never comes). Records when the server hangs up."""
+    import socket
+    import time
+
+    t0 = time.monotonic()
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    try:
+        if body:
+            s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                      b"Content-Length: 100000\r\n\r\n--b\r\n")
+        else:
+            s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\n")
+        s.settimeout(1.0)
+        last = time.monotonic()
+        while not stop.is_set():
+            try:
+                s.recv(65536)  # b"" (hung up) or an error page: either way the server gave up on us
+                closed_after.append(time.monotonic() - t0)
+                return
+            except socket.timeout:
+                pass
+            if not body and time.monotonic() - last > 20:
+                s.sendall(b"X-Slow: 1\r\n")
+                last = time.monotonic()
+    except OSError:
+        closed_after.append(time.monotonic() - t0)
+    finally:
+        s.close()
+
+
+def test_container_server_survives_more_slow_clients_than_workers(container_server):
+    """More slowloris connections than the server has workers x threads: a
+    normal upload is still answered, and the server hangs up on clients that
+    never finish their headers or body."""
+    import threading
+    import time
+
+    import requests
+
+    port = int(container_server.url.rsplit(":", 1)[1])
+    stop = threading.Event()
+    header_closed, body_closed = [], []
+    slow = [threading.Thread(target=_slow_client, args=(port, stop, header_closed), daemon=True) for _ in range(24)]
+    slow += [threading.Thread(target=_slow_client, args=(port, stop, body_closed, True), daemon=True)
+             for _ in range(8)]
+    for t in slow:
+        t.start()
+    try:
+        time.sleep(2.0)  # every slow connection is open and has sent its first bytes
+        for _ in range(3):
+            t0 = time.monotonic()
+            r = requests.post(f"{container_server.url}/predict",
+                              files={"file": ("food.jpg", first_jpeg(), "image/jpeg")}, timeout=10)
+            took = time.monotonic() - t0
+            assert r.status_code == 200, r.text[:300]
+            assert re.search(r'<dd id="label">([^<]+)</dd>', r.text)
+            print(f"\nupload answered in {took:.2f} s beside {len(slow)} slow connections")
+            time.sleep(1.0)
+        time.sleep(20.0)  # header and body timeouts expire
+    finally:
+        stop.set()
+        for t in slow:
+            t.join(45)
+    assert len(header_closed) == 24 and max(header_closed) < 15, (
+        f"the server kept slow-header clients open: closed after {sorted(header_closed)}")
+    assert len(body_closed) == 8 and max(body_closed) < 30, (
+        f"the server kept clients that never send their body: closed after {sorted(body_closed)}")
