@@ -1,0 +1,44 @@
+"""servelab.handin packs the saved notebook and the measured figures for hand-in."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import zipfile
+
+import numpy as np
+
+from servelab import handin
+
+
+def _notebook(path, outputs):
+    cells = [{"cell_type": "code", "source": "1", "metadata": {}, "execution_count": None,
+              "outputs": [{"output_type": "stream", "name": "stdout", "text": "x"}] * outputs}]
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+
+
+def test_save_packs_notebook_and_figures(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SERVELAB_RESULTS_DIR", str(tmp_path / "results"))
+    _notebook(tmp_path / "6_triton.ipynb", outputs=2)
+    figures = {"py_c1": {"throughput": np.float64(28.5), "server": {"queue_us": np.int64(30)}},
+               "batches": np.array([1, 2])}
+    archive = handin.save("6_triton", figures, notebook_dir=tmp_path,
+                          now=dt.datetime(2026, 11, 23, 1, 2, 3, tzinfo=dt.timezone.utc))
+    assert archive == tmp_path / "results" / "6_triton-20261123-010203.zip"
+    with zipfile.ZipFile(archive) as z:
+        names = sorted(z.namelist())
+        assert names == ["6_triton-20261123-010203/6_triton.ipynb", "6_triton-20261123-010203/README.txt",
+                         "6_triton-20261123-010203/figures.json"]
+        saved = json.loads(z.read("6_triton-20261123-010203/figures.json"))
+    assert saved == {"batches": [1, 2], "py_c1": {"server": {"queue_us": 30}, "throughput": 28.5}}
+    out = capsys.readouterr().out
+    assert "hand in:" in out and "2 cell output(s)" in out
+
+
+def test_save_warns_when_the_notebook_was_not_saved(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SERVELAB_RESULTS_DIR", str(tmp_path / "results"))
+    _notebook(tmp_path / "4_fastapi.ipynb", outputs=0)
+    handin.save("4_fastapi", {}, notebook_dir=tmp_path)
+    assert "no outputs yet: save the notebook" in capsys.readouterr().out
+    handin.save("5_missing", {}, notebook_dir=tmp_path)
+    assert "not found" in capsys.readouterr().out
