@@ -2,9 +2,13 @@
 
 Each subcommand lives in its own module, which exposes
 ``add_parser(subparsers)``; that function registers one or more
-subcommands and sets ``func`` (called with the parsed args, returns an exit
-code). Modules are imported only when the CLI starts, so a missing optional
-dependency only breaks its own subcommand.
+subcommands and sets ``func=_cmd_<name>`` (called with the parsed args,
+returns an exit code). Modules are imported only when the CLI starts, so a
+missing optional dependency only breaks its own subcommand. A module that
+also runs alone (``python -m servelab.tour``) ends with
+``raise SystemExit(cli.run_alone("servelab.tour", "tour"))``; only
+``servelab.doctor``, which must run on a node's bare system python3, keeps
+its own stdlib ``main()`` of the same shape.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import sys
 COMMAND_MODULES = (
     "servelab.models",
     "servelab.samples",
-    "servelab.triton_local",
+    "servelab.triton",
     "servelab.stack",
     "servelab.tour",
     "servelab.bench.cli",
@@ -46,7 +50,19 @@ def _terminate(signum, frame):
 
 
 def main(argv: list[str] | None = None, handle_sigterm: bool = False) -> int:
-    parser = build_parser()
+    return _dispatch(build_parser(), argv, handle_sigterm)
+
+
+def run_alone(module: str, command: str, argv: list[str] | None = None) -> int:
+    """``python -m <module> ARGS`` = ``python -m servelab <command> ARGS``, importing only ``module``."""
+    parser = argparse.ArgumentParser(prog="servelab")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    importlib.import_module(module).add_parser(sub)
+    return _dispatch(parser, [command, *(sys.argv[1:] if argv is None else argv)], handle_sigterm=True)
+
+
+def _dispatch(parser: argparse.ArgumentParser, argv: list[str] | None, handle_sigterm: bool) -> int:
     args = parser.parse_args(argv)
     if handle_sigterm:
         signal.signal(signal.SIGTERM, _terminate)

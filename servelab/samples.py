@@ -131,13 +131,23 @@ def add_parser(sub) -> None:
     ssub.required = True
     b = ssub.add_parser("build", help="redraw the bundled sample images")
     b.add_argument("--dest", type=Path, help=f"folder (default {paths.SAMPLES_DIR})")
-    b.set_defaults(func=lambda a: (build_samples(a.dest), 0)[1])
+    b.set_defaults(func=_cmd_build)
     j = ssub.add_parser("input-json", help="write input.json (perf_analyzer --input-data) from a sample image")
     j.add_argument("--image", type=Path, help=f"image (default the bundled {INPUT_JSON_SAMPLE})")
     j.add_argument("--out", type=Path, help="output file (default input.json at the repository root)")
     j.set_defaults(func=_cmd_input_json)
     ls = ssub.add_parser("list", help="list the bundled sample images")
-    ls.set_defaults(func=lambda a: (print("\n".join(str(p) for p in paths.sample_images())), 0)[1])
+    ls.set_defaults(func=_cmd_list)
+
+
+def _cmd_build(args) -> int:
+    build_samples(args.dest)
+    return 0
+
+
+def _cmd_list(args) -> int:
+    print("\n".join(str(p) for p in paths.sample_images()))
+    return 0
 
 
 def _cmd_input_json(args) -> int:

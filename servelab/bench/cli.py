@@ -59,7 +59,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="Poisson schedule seed")
     p.add_argument("--out", type=Path, help="folder for results.json, results.csv and plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=main)
+    p.set_defaults(func=_cmd_bench)
 
 
 def build_target(args) -> targets.Target:
@@ -90,7 +90,7 @@ def patterns(args) -> list[load.Pattern]:
             for c in (args.concurrency or [1])]
 
 
-def main(args) -> int:
+def _cmd_bench(args) -> int:
     try:
         target = build_target(args)
         pats = patterns(args)
