@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.servelab-installed
 
-.PHONY: help setup sysdeps models demo test up down triton site notebooks doctor soak fuzz clean
+.PHONY: help setup sysdeps models demo test up down triton site notebooks doctor soak fuzz clean kit-archive
 
 help:
 	@echo "make demo   - set up, build models, run the local stack and benchmark tour (README's main command)"
@@ -74,6 +74,12 @@ soak: models
 
 doctor: setup
 	$(PY) -m servelab doctor
+
+# The kit as one archive (tracked files only), for an instructor to publish as the lab's
+# Trovi artifact. Standard-library Python: no venv needed.
+KIT_ARCHIVE ?= dist/serve-system-chi.tar.gz
+kit-archive:
+	$(PYTHON) -m servelab.chameleon pack $(KIT_ARCHIVE)
 
 clean:
 	rm -rf build results .pytest_cache

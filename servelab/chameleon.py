@@ -8,6 +8,13 @@ or an instructor needs when a notebook is not at hand:
 
     python -m servelab chameleon status  [--user NAME]
     python -m servelab chameleon cleanup [--user NAME]   # server, floating IPs, lease
+    python -m servelab.chameleon pack [ARCHIVE]          # the kit as one archive (standard library only)
+
+``pack`` makes the archive that notebook 2 uploads to the node and that an
+instructor publishes as the lab's Trovi artifact (``make kit-archive``): the
+kit's tracked files only (``git ls-files`` when the copy is a git clone; the
+same exclusions otherwise), never ``.venv/``, ``build/``, ``results/``,
+``docker/.env`` or built model files.
 
 Credentials come from the usual OpenStack environment (source the
 ``*-openrc.sh`` file downloaded from the Chameleon dashboard first).
@@ -24,11 +31,15 @@ python-chi 1.2.10 traps handled here (see the platform notes):
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import getpass
 import os
+import subprocess
 import sys
+import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
 
 # Pinned because the notebooks rely on its signatures and on the traps above.
 PYTHON_CHI_VERSION = "1.2.10"
@@ -39,8 +50,72 @@ NODE_COUNT = 1
 LEASE_HOURS = 3
 IMAGE = "CC-Ubuntu24.04-CUDA"     # ships CUDA 12.6 and driver 560 (supports Pascal)
 KIT_DIR = "serve-system-chi"      # the kit's folder in the cc user's home on the node
-# The kit's git repository; the notebooks clone it onto the node. A fork sets its own.
-KIT_REPO_URL = "https://github.com/servelab-kit/serve-system-chi.git"
+# Notebook 2 uploads the Chameleon Jupyter copy of the kit; setting this environment
+# variable to a git URL makes it clone that repository on the node instead.
+KIT_REPO_URL_ENV = "KIT_REPO_URL"
+KIT_ARCHIVE = f"{KIT_DIR}.tar.gz"  # what `make kit-archive` writes (under dist/)
+
+# Never packed, whatever git says: local environments, build outputs, results,
+# secrets, caches and the generated model files (rebuilt on the node).
+PACK_EXCLUDE = (
+    ".git", ".git/*", ".venv", ".venv/*", "build/*", "dist/*", "results/*", "docker/.env", ".env",
+    "*/__pycache__/*", "__pycache__/*", "*.pyc", "*/.ipynb_checkpoints/*", ".ipynb_checkpoints/*",
+    ".pytest_cache/*", ".hypothesis/*", "*.egg-info/*", "*.tar.gz",
+    "fastapi_pt/food11.pth*", "fastapi_onnx/food11.onnx*",
+    "models_staging/*/1/food11.pth*", "models_staging/*/1/model.onnx*",
+)
+
+
+def _excluded(rel: str) -> bool:
+    return any(fnmatch.fnmatchcase(rel, pattern) for pattern in PACK_EXCLUDE)
+
+
+def kit_files(root: str | os.PathLike) -> list[str]:
+    """The kit's files, relative to ``root``, sorted: the tracked files of a git
+    clone, or every file minus :data:`PACK_EXCLUDE` in a copy without git
+    (a Trovi artifact or an upload)."""
+    root = Path(root)
+    listed = None
+    if (root / ".git").exists():
+        try:
+            out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, check=True,
+                                 timeout=60).stdout
+            listed = [name for name in out.decode().split("\0") if name]
+        except (OSError, subprocess.SubprocessError):
+            listed = None  # no git program here: fall back to the exclusion rules
+    if listed is None:
+        listed = [p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() or p.is_symlink()]
+    return sorted(rel for rel in listed
+                  if not _excluded(rel) and (root / rel).is_file() and not (root / rel).is_symlink())
+
+
+def pack_kit(root: str | os.PathLike, archive: str | os.PathLike, top: str = KIT_DIR) -> tuple[Path, list[str]]:
+    """Write the kit's files into ``archive`` (.tar.gz) under the folder ``top``;
+    return the archive's path and the files packed."""
+    root, archive = Path(root), Path(archive)
+    files = kit_files(root)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        for rel in files:
+            tar.add(root / rel, arcname=f"{top}/{rel}", recursive=False)
+    return archive, files
+
+
+def unpack(archive: str | os.PathLike, dest: str | os.PathLike) -> list[str]:
+    """Extract ``archive`` into ``dest`` (regular files and folders only, no
+    path leaving ``dest``); return the member names."""
+    dest = Path(dest).resolve()
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive) as tar:
+        members = []
+        for m in tar.getmembers():
+            target = (dest / m.name).resolve()
+            if not (m.isfile() or m.isdir()) or not target.is_relative_to(dest):
+                raise ValueError(f"{archive}: refusing member {m.name!r}")
+            members.append(m)
+        extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(dest, members=members, **extra)
+    return [m.name for m in members if m.isfile()]
 
 
 def lease_name(user: str) -> str:
@@ -185,8 +260,25 @@ def _cmd_cleanup(args) -> int:
     return 0
 
 
+def _cmd_pack(args) -> int:
+    archive, files = pack_kit(args.root, args.archive)
+    size_mb = archive.stat().st_size / 1e6
+    print(f"{archive}: {len(files)} files, {size_mb:.1f} MB, unpacks into {KIT_DIR}/")
+    return 0
+
+
+def main(argv=None) -> int:
+    """``python -m servelab.chameleon``: standard library only for ``pack``."""
+    parser = argparse.ArgumentParser(prog="python -m servelab.chameleon")
+    sub = parser.add_subparsers(dest="command", required=True)
+    pk = sub.add_parser("pack", help="write the kit's tracked files into one .tar.gz")
+    pk.add_argument("archive", nargs="?", default=f"dist/{KIT_ARCHIVE}")
+    pk.add_argument("--root", default=str(Path(__file__).resolve().parent.parent), help=argparse.SUPPRESS)
+    pk.set_defaults(func=_cmd_pack)
+    add_parser(sub)
+    ns = parser.parse_args(argv)
+    return ns.func(ns)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    parser = argparse.ArgumentParser(prog="servelab")
-    add_parser(parser.add_subparsers(dest="command"))
-    ns = parser.parse_args()
-    sys.exit(ns.func(ns))
+    sys.exit(main())

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dockerkit import STACKS, render
+from dockerkit import MODELS_FILE, REPO, STACKS, compose_env, render
+from servelab import compose
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +30,10 @@ def rendered_onnx(empty_env_file) -> dict[str, dict]:
     """The FastAPI stacks with FASTAPI_APP=fastapi_onnx."""
     return {name: render(name, empty_env_file, FASTAPI_APP="fastapi_onnx")
             for name in ("fastapi", "fastapi+cpu")}
+
+
+@pytest.fixture(scope="session")
+def rendered_models(empty_env_file) -> dict:
+    """docker/docker-compose-models.yaml as the real Compose binary reads it."""
+    return compose.config_json([MODELS_FILE], env=compose_env(), cwd=REPO,
+                               extra_args=["--env-file", str(empty_env_file)])

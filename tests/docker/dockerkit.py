@@ -20,6 +20,8 @@ STACKS = {
     "triton": [DOCKER / "docker-compose-triton.yaml"],
     "triton+cpu": [DOCKER / "docker-compose-triton.yaml", DOCKER / "docker-compose-triton.cpu.yaml"],
 }
+# The one-shot service that builds the model files on the node (notebooks 3 and 5).
+MODELS_FILE = DOCKER / "docker-compose-models.yaml"
 GPU_STACKS = ("fastapi", "triton")
 CPU_STACKS = ("fastapi+cpu", "triton+cpu")
 # Values the tests give the required secrets (a real docker/.env, if any, is ignored).
@@ -31,6 +33,7 @@ DOCKERFILES = [
     REPO / "flask_app" / "Dockerfile",
     DOCKER / "Dockerfile.triton",
     DOCKER / "Dockerfile.jupyter",
+    DOCKER / "Dockerfile.models",
 ]
 
 

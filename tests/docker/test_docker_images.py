@@ -30,9 +30,10 @@ def all_builds(rendered, rendered_onnx) -> list[tuple[str, dict]]:
     return out
 
 
-def test_every_build_context_and_dockerfile_exists(rendered, rendered_onnx):
+def test_every_build_context_and_dockerfile_exists(rendered, rendered_onnx, rendered_models):
     seen = set()
-    for name, build in all_builds(rendered, rendered_onnx):
+    builds = all_builds(rendered, rendered_onnx) + [("models", rendered_models["services"]["models"]["build"])]
+    for name, build in builds:
         context = Path(build["context"])
         assert context == REPO, f"{name}: build context {context}"
         dockerfile = context / build["dockerfile"]
@@ -139,7 +140,7 @@ def test_own_rules_catch_a_bad_dockerfile(tmp_path):
 def test_base_images():
     images = {p.relative_to(REPO).as_posix(): from_images(p) for p in DOCKERFILES}
     assert images["docker/Dockerfile.triton"] == ["nvcr.io/nvidia/tritonserver:24.10-py3"]
-    for name in ("fastapi_pt/Dockerfile", "fastapi_onnx/Dockerfile", "flask_app/Dockerfile"):
+    for name in ("fastapi_pt/Dockerfile", "fastapi_onnx/Dockerfile", "flask_app/Dockerfile", "docker/Dockerfile.models"):
         assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", images[name][0]), images[name]
 
 
@@ -149,7 +150,7 @@ def test_base_images():
 
 REQUIREMENTS = [REPO / "fastapi_pt" / "requirements.txt", REPO / "fastapi_onnx" / "requirements.txt",
                 REPO / "flask_app" / "requirements.txt", DOCKER / "requirements-triton.txt",
-                DOCKER / "requirements-jupyter.txt"]
+                DOCKER / "requirements-jupyter.txt", DOCKER / "requirements-models.txt"]
 
 
 @pytest.mark.parametrize("req", REQUIREMENTS, ids=lambda p: p.relative_to(REPO).as_posix())

@@ -14,9 +14,13 @@ and floating IPs, and the test reads back every call made. Each fake method
 has the signature of the real client method it stands for, and behaves like
 the service where the lab depends on it: a lease starts PENDING and becomes
 ACTIVE, a server is BUILD then ACTIVE, a bare-metal server needs an active
-node reservation, deleting a server leaves its floating IP allocated,
+node reservation, a lease stays PENDING until its start time, deleting a
+server leaves its floating IP allocated,
 the raw ``conn.network.delete(<id>)`` python-chi sends from ``Server.delete``
-releases nothing, SSH only reaches an ACTIVE server's floating IP.
+releases nothing, SSH only reaches an ACTIVE server's floating IP. On the
+node (:class:`FakeNode`), commands the lab does not send fail (exit 127),
+``git clone`` works only for URLs a test marked reachable, and uploads,
+archives and the unpacked kit are real files in a folder beside the state.
 
 Loaded in a notebook kernel by an IPython start-up file the test writes
 (``install_from_env()``), never by the notebooks themselves.
@@ -86,10 +90,14 @@ def _blazar_created(dt: datetime) -> str:
 class Cloud:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        self.node_home = self.path.with_name(self.path.stem + "-node-home")  # /home/cc on the node
 
     def empty_state(self) -> dict:
         return {"leases": {}, "servers": {}, "floatingips": {}, "ports": {}, "keypairs": {},
-                "calls": [], "ssh": [], "cloned": [], "next_ip": 10}
+                "calls": [], "ssh": [], "cloned": [], "next_ip": 10,
+                # the node: flags for what is installed; files live in node_home
+                "node": {}, "uploads": [], "downloads": [], "unpacked": [], "pulls": [],
+                "reachable_repos": []}
 
     def load(self) -> dict:
         if not self.path.exists():
@@ -106,6 +114,11 @@ class Cloud:
         state = self.load()
         yield state
         self.save(state)
+
+    def add_reachable_repo(self, url: str) -> None:
+        """A git URL the node can clone (every other URL is unreachable)."""
+        with self.state() as st:
+            st["reachable_repos"].append(url)
 
     def record(self, client: str, method: str, *args, **kwargs) -> None:
         with self.state() as st:
@@ -176,7 +189,8 @@ class FakeLeaseManager:
             lease = st["leases"].get(lease_id)
             if lease is None:
                 raise _blazar_error(f"Object with {{'lease_id': '{lease_id}'}} not found", 404)
-            if lease["status"] == "PENDING":  # the reservation starts
+            start = datetime.strptime(lease["start_date"], "%Y-%m-%dT%H:%M:%S.%f")
+            if lease["status"] == "PENDING" and _now() >= start:  # the reservation starts at its start time
                 lease["status"] = "ACTIVE"
                 for r in lease["reservations"]:
                     r["status"] = "active"
@@ -619,21 +633,55 @@ def make_fabric_connection(cloud: Cloud, repo_root: Path):
             st = cloud.load()
             ok = _reachable(st, self.host, 22)
             if not ok:
-                raise socket.timeout(f"ssh to {self.host}:22 timed out (not an active server's floating IP)")
+                raise TimeoutError(f"ssh to {self.host}:22 timed out (not an active server's floating IP)")
 
-        def run(self, command, **kwargs):
+        def run(self, command, warn=False, hide=None, **kwargs):
+            """fabric's Connection.run: a non-zero exit raises invoke's UnexpectedExit."""
+            from fabric.runners import Result
+            from invoke.exceptions import UnexpectedExit
+
             self._check_reachable()
             with cloud.state() as st:
-                st["ssh"].append({"host": self.host, "user": self.user, "command": command})
-                stdout = _shell_output(st, command, repo_root)
-            if stdout and not kwargs.get("hide"):
+                node = FakeNode(st, cloud.node_home, repo_root)
+                stdout, stderr, code = node.run(command)
+                st["ssh"].append({"host": self.host, "user": self.user, "command": command, "exited": code})
+            if stdout and not hide:
                 print(stdout, end="" if stdout.endswith("\n") else "\n")
-            return FakeResult(command, stdout)
+            if stderr and not hide:
+                print(stderr, end="" if stderr.endswith("\n") else "\n", file=sys.stderr)
+            result = Result(connection=self, stdout=stdout, stderr=stderr, command=command, exited=code,
+                            hide=("stdout", "stderr"))
+            if code != 0 and not warn:
+                raise UnexpectedExit(result)
+            return result
 
         def put(self, local, remote=None, preserve_mode=True):
+            """SFTP upload into the node's home (relative paths are relative to it, as with SFTP)."""
             self._check_reachable()
+            local = Path(local)
+            remote = remote or local.name
+            target = _node_path(cloud.node_home, remote)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(local.read_bytes())
             with cloud.state() as st:
-                st["ssh"].append({"host": self.host, "user": self.user, "command": f"<put {local} {remote}>"})
+                st["ssh"].append({"host": self.host, "user": self.user, "command": f"<put {local.name} {remote}>",
+                                  "exited": 0})
+                st["uploads"].append({"local": str(local), "remote": remote, "bytes": local.stat().st_size})
+
+        def get(self, remote, local=None, preserve_mode=True):
+            """SFTP download from the node's home; a missing file fails like SFTP's."""
+            self._check_reachable()
+            source = _node_path(cloud.node_home, remote)
+            if not source.is_file():
+                raise FileNotFoundError(2, "No such file", remote)
+            local = Path(local) if local else Path.cwd() / Path(remote).name
+            if local.is_dir():
+                local = local / Path(remote).name
+            local.write_bytes(source.read_bytes())
+            with cloud.state() as st:
+                st["ssh"].append({"host": self.host, "user": self.user, "command": f"<get {remote} {local}>",
+                                  "exited": 0})
+                st["downloads"].append({"remote": remote, "local": str(local)})
 
     return FakeFabricConnection
 
@@ -649,28 +697,237 @@ def _reachable(st: dict, host: str, port: int) -> bool:
     return False
 
 
-def _shell_output(st: dict, command: str, repo_root: Path) -> str:
-    """What the lab's commands print on a gpu_p100 node with CC-Ubuntu24.04-CUDA."""
-    if command.startswith("test -d ") and " || " in command:  # run the rest only if the folder is missing
-        folder, rest = command[len("test -d "):].split(" || ", 1)
-        if any(c["dest"] == folder.strip() for c in st["cloned"]):
-            return ""
-        return _shell_output(st, rest, repo_root)
-    if "git clone" in command:
-        parts = command.split("git clone", 1)[1].split()
-        st["cloned"].append({"url": parts[0], "dest": parts[1] if len(parts) > 1 else None})
-        return f"Cloning into '{parts[1] if len(parts) > 1 else parts[0]}'...\n"
-    if command.startswith("ls "):
-        if not st["cloned"]:
-            return ""
-        return "\n".join(sorted(p.name for p in repo_root.iterdir() if not p.name.startswith("."))) + "\n"
-    if "nvidia-smi --query-gpu" in command:
-        return "\n".join(GPU_LINES) + "\n"
-    if "nvidia-smi -L" in command:
-        return "".join(f"GPU {i}: Tesla P100-PCIE-16GB (UUID: GPU-{uuid.uuid4()})\n" for i in range(2))
-    if command.strip() == "docker compose version":
-        return "Docker Compose version v2.40.3\n"
-    return ""
+def _node_path(home: Path, path: str) -> Path:
+    """A path on the node (``~/x``, ``/home/cc/x`` or relative to the home) in the fake's folder."""
+    path = path.strip()
+    if path in ("~", "/home/cc", "/home/cc/"):
+        return home.resolve()
+    for prefix in ("~/", "/home/cc/"):
+        if path.startswith(prefix):
+            path = path[len(prefix):]
+            break
+    else:
+        if path.startswith("/"):
+            raise ValueError(f"fake node: only the cc user's home is modelled, not {path}")
+    target = (home / path).resolve()
+    if not target.is_relative_to(home.resolve()):
+        raise ValueError(f"fake node: {path} leaves the home folder")
+    return target
+
+
+class FakeNode:
+    """A gpu_p100 node with CC-Ubuntu24.04-CUDA, as the lab's commands see it.
+
+    Strict: a command the lab does not send gets exit 127, so a new or changed
+    notebook command fails here until the fake is taught what the node does.
+    Files in the cc user's home are real files under ``home`` (uploads, the
+    unpacked kit, the archive notebook 7 copies back). Packages and Docker
+    are state flags: ``docker`` works only once installed, ``--gpus all``
+    only with the container toolkit configured.
+    """
+
+    def __init__(self, st: dict, home: Path, repo_root: Path):
+        self.st, self.home, self.repo_root = st, home, repo_root
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.flags = st["node"]
+
+    # one simple command -> (stdout, stderr, exit code)
+    def run(self, command: str):
+        command = command.strip()
+        for rule, handler in self.RULES:
+            m = rule.fullmatch(command)
+            if m:
+                return handler(self, m)
+        if " && " in command:  # a chain of simple commands, each of which must be known
+            out_all = ""
+            for part in command.split(" && "):
+                out, err, code = self.run(part)
+                out_all += out
+                if code:
+                    return out_all, err, code
+            return out_all, "", 0
+        return "", f"fake node: no rule for this command (exit 127): {command}", 127
+
+    # -- the kit -----------------------------------------------------------
+    def _test_d_or(self, m):
+        if _node_path(self.home, m["path"]).is_dir():
+            return "", "", 0
+        return self.run(m["rest"])
+
+    def _ls_remote(self, m):
+        url = m["url"]
+        if url in self.st["reachable_repos"]:
+            return f"{'0' * 40}\tHEAD\n", "", 0
+        return "", f"fatal: unable to access '{url}': Could not resolve host: {url.split('/')[2] if '//' in url else url}", 128
+
+    def _clone(self, m):
+        url, dest = m["url"], m["dest"]
+        if url not in self.st["reachable_repos"]:
+            return "", f"Cloning into '{dest}'...\nfatal: repository '{url}' not found", 128
+        target = _node_path(self.home, dest)
+        if target.exists():
+            return "", f"fatal: destination path '{dest}' already exists and is not an empty directory.", 128
+        for rel in _tracked(self.repo_root):
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            (target / rel).write_bytes((self.repo_root / rel).read_bytes())
+        self.st["cloned"].append({"url": url, "dest": dest})
+        return "", f"Cloning into '{dest}'...", 0
+
+    def _mkdir(self, m):
+        for path in m["paths"].split():
+            _node_path(self.home, path).mkdir(parents=True, exist_ok=True)
+        return "", "", 0
+
+    def _untar(self, m):
+        import tarfile
+
+        archive, dest = _node_path(self.home, m["archive"]), _node_path(self.home, m["dest"] or "~/")
+        if not archive.is_file():
+            return "", f"tar: {m['archive']}: Cannot open: No such file or directory", 2
+        if not dest.is_dir():
+            return "", f"tar: {m['dest']}: Cannot open: No such file or directory", 2
+        skip_old = bool(m["skip"])
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                target = (dest / member.name).resolve()
+                if not target.is_relative_to(dest.resolve()):
+                    return "", f"tar: {member.name}: Member name contains '..'", 2
+                if member.isdir():
+                    target.mkdir(parents=True, exist_ok=True)
+                elif member.isfile():
+                    if skip_old and target.exists():
+                        continue
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(tar.extractfile(member).read())
+        self.st["unpacked"].append({"archive": m["archive"], "dest": m["dest"] or "~"})
+        return "", "", 0
+
+    def _tar_create(self, m):
+        import tarfile
+
+        base = _node_path(self.home, m["base"])
+        names = m["names"].split()
+        missing = [n for n in names if not (base / n).exists()]
+        if missing:
+            return "", f"tar: {missing[0]}: Cannot stat: No such file or directory", 2
+        with tarfile.open(_node_path(self.home, m["archive"]), "w:gz") as tar:
+            for n in names:
+                tar.add(base / n, arcname=n)
+        return "", "", 0
+
+    def _rm(self, m):
+        for path in m["paths"].split():
+            target = _node_path(self.home, path)
+            if target.is_file():
+                target.unlink()
+            elif not m["force"]:
+                return "", f"rm: cannot remove '{path}': No such file or directory", 1
+        return "", "", 0
+
+    def _ls(self, m):
+        target = _node_path(self.home, m["path"])
+        if not target.is_dir():
+            return "", f"ls: cannot access '{m['path']}': No such file or directory", 2
+        return "\n".join(sorted(p.name for p in target.iterdir())) + "\n", "", 0
+
+    # -- packages, Docker, the NVIDIA container toolkit ----------------------
+    @staticmethod
+    def _flag(_unused, names, out=""):
+        """A handler that records installed packages or services and succeeds."""
+        def handler(self, m):
+            for name in names.split():
+                self.flags[name] = True
+            return out, "", 0
+        return handler
+
+    def _ok(self, m):
+        return "", "", 0
+
+    def _docker_needed(self):
+        if not self.flags.get("docker"):
+            return "", "bash: line 1: docker: command not found", 127
+        return None
+
+    def _compose_version(self, m):
+        return self._docker_needed() or ("Docker Compose version v2.40.3\n", "", 0)
+
+    def _toolkit_configure(self, m):
+        if not self.flags.get("toolkit"):
+            return "", "sudo: nvidia-ctk: command not found", 1
+        if not self.flags.get("docker"):
+            return "", "Failed to restart docker.service: Unit docker.service not found.", 5
+        self.flags["nvidia_runtime"] = True
+        return "INFO Wrote updated config to /etc/docker/daemon.json\n", "", 0
+
+    def _cgroupfs(self, m):
+        if not (self.flags.get("jq") and self.flags.get("docker")):
+            return "", "jq: command not found", 127
+        self.flags["cgroupfs"] = True
+        return "", "", 0
+
+    def _cgroup_driver(self, m):
+        return self._docker_needed() or (("cgroupfs" if self.flags.get("cgroupfs") else "systemd") + "\n", "", 0)
+
+    def _pull_background(self, m):
+        missing = self._docker_needed()
+        if missing:
+            return missing
+        self.st["pulls"].append(m["images"].split())
+        return "", "", 0
+
+    def _smi_query(self, m):
+        return "\n".join(GPU_LINES) + "\n", "", 0
+
+    def _docker_gpus(self, m):
+        missing = self._docker_needed()
+        if missing:
+            return missing
+        if not self.flags.get("nvidia_runtime"):
+            return "", ("docker: Error response from daemon: could not select device driver \"\" with "
+                        "capabilities: [[gpu]]."), 125
+        return "".join(f"GPU {i}: Tesla P100-PCIE-16GB (UUID: GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, str(i))})\n"
+                       for i in range(2)), "", 0
+
+    RULES = []  # filled below
+
+
+def _tracked(root: Path) -> list[str]:
+    import subprocess
+
+    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, check=True).stdout
+    return [n for n in out.decode().split("\0") if n and (root / n).is_file()]
+
+
+_P = r"(?P<path>[~\w/.\-]+)"
+FakeNode.RULES = [(__import__("re").compile(pattern), handler) for pattern, handler in [
+    (r"test -d " + _P + r" \|\| (?P<rest>.+)", FakeNode._test_d_or),
+    (r"git ls-remote (?:--\S+ |-q )*(?P<url>\S+)(?: HEAD)?(?: >/dev/null)?", FakeNode._ls_remote),
+    (r"git clone (?:--\S+ )*(?P<url>\S+) (?P<dest>\S+)", FakeNode._clone),
+    (r"mkdir -p (?P<paths>[~\w/.\- ]+)", FakeNode._mkdir),
+    (r"tar (?P<skip>--skip-old-files )?-xzf (?P<archive>\S+)(?: -C (?P<dest>\S+))?", FakeNode._untar),
+    (r"tar -czf (?P<archive>\S+) -C (?P<base>\S+) (?P<names>[\w.\- ]+)", FakeNode._tar_create),
+    (r"rm (?P<force>-f )?(?P<paths>[~\w/.\- ]+)", FakeNode._rm),
+    (r"ls " + _P, FakeNode._ls),
+    (r"curl -sSL https://get\.docker\.com/? \| sudo sh", FakeNode._flag(None, "docker", "Client: Docker Engine\n")),
+    (r"sudo groupadd -f docker; sudo usermod -aG docker \$USER", FakeNode._ok),
+    (r"docker compose version", FakeNode._compose_version),
+    (r"curl -fsSL https://nvidia\.github\.io/libnvidia-container/gpgkey \| sudo gpg --batch --yes --dearmor "
+     r"-o /usr/share/keyrings/nvidia-container-toolkit-keyring\.gpg", FakeNode._ok),
+    (r"curl -fsSL https://nvidia\.github\.io/libnvidia-container/stable/deb/nvidia-container-toolkit\.list \| "
+     r"sed .+ \| sudo tee /etc/apt/sources\.list\.d/nvidia-container-toolkit\.list", FakeNode._ok),
+    (r"sudo apt-get update -q && sudo apt-get install -y -q nvidia-container-toolkit jq",
+     FakeNode._flag(None, "toolkit jq", "Setting up nvidia-container-toolkit ...\n")),
+    (r"sudo nvidia-ctk runtime configure --runtime=docker", FakeNode._toolkit_configure),
+    (r"jq '\. \+ \{\"exec-opts\": \[\"native\.cgroupdriver=cgroupfs\"\]\}' /etc/docker/daemon\.json "
+     r"> /tmp/daemon\.json && sudo mv /tmp/daemon\.json /etc/docker/daemon\.json && sudo systemctl restart docker",
+     FakeNode._cgroupfs),
+    (r"docker info --format '\{\{\.CgroupDriver\}\}'", FakeNode._cgroup_driver),
+    (r"nohup sh -c 'for i in (?P<images>[\w./:\- ]+); do docker pull \$i; done' > ~/image-pulls\.log 2>&1 "
+     r"< /dev/null &", FakeNode._pull_background),
+    (r"sudo apt-get install -y -q nvtop", FakeNode._flag(None, "nvtop")),
+    (r"nvidia-smi --query-gpu=index,name,memory\.total,driver_version --format=csv,noheader", FakeNode._smi_query),
+    (r"docker run --rm --gpus all ubuntu:24\.04 nvidia-smi -L", FakeNode._docker_gpus),
+]]
 
 
 # --------------------------------------------------------------------------
@@ -713,10 +970,10 @@ def _guard_network():
 
 def install(state_path: str | os.PathLike, repo_root: str | os.PathLike | None = None):
     """Patch python-chi's client seam; return the started patchers."""
-    import chi.context  # noqa: F401  (import order: context before the modules using it)
-    import chi.image  # noqa: F401
-    import chi.lease  # noqa: F401
-    import chi.network  # noqa: F401
+    import chi.context
+    import chi.image
+    import chi.lease
+    import chi.network
     import chi.server  # noqa: F401
 
     cloud = Cloud(state_path)

@@ -25,8 +25,14 @@ from pathlib import Path
 import nbclient
 import nbformat
 import pytest
+from conftest import (
+    NOTEBOOKS_DIR,
+    REPO_ROOT,
+    base_kernel_env,
+    notebook_text,
+    run_notebook,
+)
 
-from conftest import NOTEBOOKS_DIR, REPO_ROOT, base_kernel_env, cell_text, notebook_text, run_notebook
 from servelab import chameleon, lessons
 
 HERE = Path(__file__).resolve().parent
@@ -231,6 +237,7 @@ def test_7_copies_the_work_back_then_releases_everything(site):
     # First the copy, over the server's SSH connection, into ~/work in Chameleon Jupyter.
     # (the fake serves `get` only while the server is ACTIVE: the copy came before the deletion)
     (download,) = state["downloads"]
+    assert download["remote"] == "serve-system-saved.tar.gz"
     (saved,) = (site["home"] / "work" / "serve-system-saved").iterdir()
     assert (saved / "notebooks" / "4_fastapi.ipynb").read_text() == "executed on the node"
     assert (saved / "results" / "20260101-120000" / "report.md").read_text() == "measured on 2x P100"
@@ -245,7 +252,7 @@ def test_7_copies_the_work_back_then_releases_everything(site):
     # Our lease is gone; the classmate's stays.
     assert [x["name"] for x in state["leases"].values()] == [f"serve-system-{OTHER_USER}"]
     text = notebook_text(nb)
-    assert f"saved " in text and str(saved) in text
+    assert "saved " in text and str(saved) in text
     assert f"released floating IP {fip_before['floating_ip_address']}" in text
     assert "server left: False" in text and "leases left: []" in text
 
@@ -283,7 +290,8 @@ def test_1_a_later_start_is_submitted_pending_without_waiting(tmp_path):
     start = (datetime.now(timezone.utc) + timedelta(days=2)).replace(minute=0, second=0, microsecond=0,
                                                                       tzinfo=None)
     began = datetime.now()
-    nb = _run_edited(site, "1_create_lease", "START = None", f"START = {start!r}")
+    nb = _run_edited(site, "1_create_lease", "START = None",
+                     f"START = datetime({start.year}, {start.month}, {start.day}, {start.hour}, 0)")
     assert (datetime.now() - began).total_seconds() < 120, "a later lease must not wait for its start"
     state = site["cloud"].load()
     (create,) = _calls(state, "blazar", "lease.create")
@@ -295,7 +303,7 @@ def test_1_a_later_start_is_submitted_pending_without_waiting(tmp_path):
     assert f"Your node is reserved from {start:%Y-%m-%d %H:%M} UTC" in text
     # The example the notebook prints is a later time, computed, not a date in the past.
     example = next(line for line in text.splitlines() if line.startswith("example of a later start"))
-    shown = eval(example.split("START =", 1)[1].strip(), {"datetime": datetime})  # noqa: S307 (our own output)
+    shown = eval(example.split("START =", 1)[1].strip(), {"datetime": datetime})
     assert shown > datetime.now(timezone.utc).replace(tzinfo=None)
 
     # Notebook 2 before the start: a clear message, no server.
