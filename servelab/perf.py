@@ -28,11 +28,12 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
+
+from servelab.procs import venv_bin
 
 # The two libraries perf_analyzer 2.50 links against, and the hashed file
 # nvidia-pytriton 0.7.0 ships each one as.
@@ -51,12 +52,6 @@ class PerfAnalyzerError(RuntimeError):
 # --------------------------------------------------------------------------
 # Where things are
 # --------------------------------------------------------------------------
-
-def venv_bin() -> Path:
-    """The bin/ folder of the interpreter running the kit (not resolved:
-    the venv's python is a symlink to the base interpreter)."""
-    return Path(sys.executable).parent
-
 
 def pytriton_libs() -> Path:
     """``site-packages/nvidia_pytriton.libs`` (next to ``pytriton/``)."""

@@ -35,7 +35,8 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def venv_bin() -> Path:
-    """The bin/ folder of the interpreter running the kit."""
+    """The bin/ folder of the interpreter running the kit (not resolved:
+    the venv's python is a symlink to the base interpreter)."""
     return Path(sys.executable).parent
 
 
@@ -49,7 +50,6 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-@dataclass
 def cpu_cores() -> int:
     """CPU cores this process may use, the kit's one core count:
     ``SERVELAB_THREADS`` if set, else the affinity mask (taskset, Docker
@@ -89,6 +89,7 @@ def cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
         return None
 
 
+@dataclass
 class Server:
     """A server process started in its own session (process group)."""
 
@@ -112,7 +113,7 @@ class Server:
         return "\n".join(lines[-n:])
 
     def stop(self, timeout: float = 10.0) -> None:
-        stop_group(self.proc, timeout=timeout)
+        stop_group(self.pid, timeout, proc=self.proc)
 
 
 def start(name: str, cmd: Sequence[str], url: str, log_path: Path | None = None,
@@ -161,18 +162,82 @@ def wait_http_ok(url: str, timeout: float = 60.0, server: Server | None = None) 
     raise TimeoutError(f"{url} did not answer 200 within {timeout:.0f} s.\n{tail}")
 
 
-def stop_group(proc: subprocess.Popen, timeout: float = 10.0) -> None:
-    """SIGTERM the process group, wait, then SIGKILL whatever is left."""
-    if proc.poll() is not None:
-        _kill_group(proc.pid, signal.SIGKILL)  # reap any children left behind
-        return
-    _kill_group(proc.pid, signal.SIGTERM)
+def pid_alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (an exited child nobody reaped)."""
+    if pid <= 0:
+        return False
     try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
-    _kill_group(proc.pid, signal.SIGKILL)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    state = ""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        pass
+    return state != "Z"
+
+
+def stop_group(pgid: int, timeout: float = 10.0, *, proc: subprocess.Popen | None = None,
+               leader_only: bool = False, wait_for_group: bool = False) -> bool:
+    """The kit's one way to stop a process tree: SIGTERM, wait, SIGKILL.
+
+    ``pgid`` is a process started in its own session (its PID is its group's
+    ID); ``proc`` is its Popen when it is our child (polled and reaped).
+    SIGTERM goes to the whole group, or to the leader alone with
+    ``leader_only`` (a server that stops its own children, like Triton).
+    Waits up to ``timeout`` for the leader to exit (and, with
+    ``wait_for_group``, for the group to empty), then SIGKILLs what is left
+    of the group. Returns True if something outlived the timeout.
+
+    A caller that passes no ``proc`` has checked that ``pgid`` is still the
+    process it started."""
+    def running() -> bool:
+        return proc.poll() is None if proc is not None else pid_alive(pgid)
+
+    def done() -> bool:
+        return not running() and not (wait_for_group and group_pids(pgid))
+
+    forced = False
+    if not done():
+        if leader_only:
+            _signal(pgid, signal.SIGTERM)
+        else:
+            _kill_group(pgid, signal.SIGTERM)
+        forced = not _wait(done, timeout)
+    if running() or _orphans_left(pgid):
+        _kill_group(pgid, signal.SIGKILL)
+    if proc is not None:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
+            pass
+    return forced
+
+
+def _orphans_left(pgid: int) -> bool:
+    """The leader has exited: SIGKILL its group only if processes remain in
+    it. While any does, the kernel does not reuse the number; a live process
+    *with* PID ``pgid`` is someone else's (PID reuse), so leave it alone."""
+    return not pid_alive(pgid) and bool(group_pids(pgid))
+
+
+def _wait(condition, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _kill_group(pgid: int, sig: int) -> None:

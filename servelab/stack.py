@@ -292,34 +292,12 @@ def _write_state(st: Stack) -> None:
 # Stopping
 # --------------------------------------------------------------------------
 
-def _stop_pgid(pgid: int, timeout: float) -> bool:
-    """SIGTERM a process group, wait for it to empty, SIGKILL what is left.
-    Returns True if something had to be killed."""
-    if not procs.group_pids(pgid):
-        return False
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not procs.group_pids(pgid):
-            return False
-        time.sleep(0.1)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    return True
-
-
 def stop(st: Stack, timeout: float = 40.0) -> None:
     """Stop every process of ``st`` (reverse start order), then forget the state file."""
     for name in reversed(list(st.servers)):
         server = st.servers[name]
         # Triton's wrapper needs time to stop the server and reap its stubs.
         server.stop(timeout=timeout if name == "triton" else 15.0)
-        _stop_pgid(server.pid, 2.0)
         if name == "triton":
             _triton_cleanup(st.ports["triton_http"])
     if st.state_file is not None:
@@ -357,7 +335,7 @@ def down(state_file: Path = STATE_FILE, timeout: float = 40.0, log=print) -> boo
         if not _is_ours(info):
             log(f"  {name}: pid {pgid} is gone")
         else:
-            forced = _stop_pgid(pgid, timeout if name == "triton" else 15.0)
+            forced = procs.stop_group(pgid, timeout if name == "triton" else 15.0, wait_for_group=True)
             log(f"  {name}: stopped (process group {pgid}{', forced' if forced else ''})")
         if name == "triton":
             _triton_cleanup(int(data["ports"]["triton_http"]))
