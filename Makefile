@@ -53,6 +53,7 @@ triton: models
 	$(PY) -m servelab triton start
 
 test: setup sysdeps models
+	$(BIN)/ruff check .
 	$(PY) -m pytest -q
 
 # The whole lab as a static HTML site (offline), from the notebook sources.
