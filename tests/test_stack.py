@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path

@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from servelab import procs
-from servelab import bench
+from servelab import bench, procs
 from servelab.bench import http, load
 
 
@@ -153,6 +152,7 @@ def test_run_inside_a_running_loop(tiny_server):
 
 def test_progress_bar_only_on_tty(tiny_server, capsys):
     import io
+
     from servelab.bench.progress import Progress
 
     class TTY(io.StringIO):

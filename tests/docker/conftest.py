@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dockerkit import MODELS_FILE, REPO, STACKS, compose_env, render
 from servelab import compose
+
+from .dockerkit import MODELS_FILE, REPO, STACKS, compose_env, render
 
 
 @pytest.fixture(scope="session")

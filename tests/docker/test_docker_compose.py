@@ -9,9 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from dockerkit import (CPU_STACKS, DOCKER, GPU_STACKS, REPO, SECRETS, STACKS, compose_env, gpu_devices,
-                       mounts, published, services)
 from servelab import compose
+
+from .dockerkit import (
+    CPU_STACKS,
+    DOCKER,
+    GPU_STACKS,
+    REPO,
+    SECRETS,
+    STACKS,
+    compose_env,
+    gpu_devices,
+    mounts,
+    published,
+    services,
+)
 
 CONTAINERS = {"fastapi_server", "triton_server", "flask", "jupyter"}
 
@@ -154,7 +166,7 @@ def test_flask_backend_per_stack(rendered):
 
 
 def test_backend_and_app_are_chosen_by_variable_not_by_editing(empty_env_file):
-    from dockerkit import render
+    from .dockerkit import render
 
     triton = render("triton", empty_env_file, INFERENCE_BACKEND="triton_onnx")
     assert triton["services"]["flask"]["environment"]["INFERENCE_BACKEND"] == "triton_onnx"

@@ -12,8 +12,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from dockerkit import REPO
 from servelab import compose
+
+from .dockerkit import REPO
 
 STAGING = REPO / "models_staging"
 

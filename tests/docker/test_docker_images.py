@@ -13,9 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from dockerkit import (DOCKER, DOCKERFILES, REPO, STACKS, dockerfile_instructions, dockerignore_rules,
-                       from_images, is_ignored, lint_dockerfile, requirement_pins, services)
 from servelab import doctor, paths
+
+from .dockerkit import (
+    DOCKER,
+    DOCKERFILES,
+    REPO,
+    STACKS,
+    dockerfile_instructions,
+    dockerignore_rules,
+    from_images,
+    is_ignored,
+    lint_dockerfile,
+    requirement_pins,
+    services,
+)
 
 GENERATED = {p.relative_to(REPO).as_posix() for p in (*paths.PTH_TARGETS, *paths.ONNX_TARGETS)}
 GENERATED |= {f"{g}.json" for g in GENERATED}  # the stamps written beside each artifact

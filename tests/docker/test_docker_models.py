@@ -11,7 +11,9 @@ import subprocess
 import sys
 import textwrap
 
-from dockerkit import (
+from servelab import compose, paths
+
+from .dockerkit import (
     DOCKER,
     MODELS_FILE,
     REPO,
@@ -19,8 +21,6 @@ from dockerkit import (
     dockerfile_instructions,
     requirement_pins,
 )
-
-from servelab import compose, paths
 
 
 def test_models_file_validates_from_any_directory(tmp_path, empty_env_file):

@@ -12,8 +12,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from dockerkit import REPO, SECRETS, render
 from servelab import compose, procs
+
+from .dockerkit import REPO, SECRETS, render
 
 
 def _post(url: str, key: str | None = None) -> int:

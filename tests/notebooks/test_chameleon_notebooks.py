@@ -25,15 +25,16 @@ from pathlib import Path
 import nbclient
 import nbformat
 import pytest
-from conftest import (
+
+from servelab import chameleon, lessons
+
+from .nbkit import (
     NOTEBOOKS_DIR,
     REPO_ROOT,
     base_kernel_env,
     notebook_text,
     run_notebook,
 )
-
-from servelab import chameleon, lessons
 
 HERE = Path(__file__).resolve().parent
 USER = "student1"

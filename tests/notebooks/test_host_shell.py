@@ -15,8 +15,9 @@ import nbformat
 import pytest
 import yaml
 
-from conftest import NOTEBOOKS_DIR, REPO_ROOT
 from servelab import lessons, notebooks
+
+from .nbkit import NOTEBOOKS_DIR, REPO_ROOT
 
 KIT_ON_NODE = "~/serve-system-chi"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)

@@ -11,8 +11,9 @@ import shutil
 import nbformat
 import pytest
 
-from conftest import NOTEBOOKS_DIR
 from servelab import lessons, notebooks
+
+from .nbkit import NOTEBOOKS_DIR
 
 LAB = lessons.slugs()  # the one list: servelab/lessons.py
 WHERE_BY_NOTEBOOK = {les.slug: les.place.label for les in lessons.LESSONS if les.place}

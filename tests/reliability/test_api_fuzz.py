@@ -26,8 +26,8 @@ from schemathesis.config import SchemathesisConfig
 
 from servelab import food11, serving
 
-from fuzzimages import COMMON_FORMATS, FINDINGS, expected_status, fuzz_settings, hostile_images, valid_images
-from relsupport import good_predict, log_has_traceback, predict_body, start_fastapi
+from .fuzzimages import COMMON_FORMATS, FINDINGS, expected_status, fuzz_settings, hostile_images, valid_images
+from .relsupport import good_predict, log_has_traceback, predict_body, start_fastapi
 
 pytestmark = pytest.mark.filterwarnings("ignore:IM image format is deprecated:DeprecationWarning")
 

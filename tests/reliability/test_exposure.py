@@ -27,7 +27,7 @@ import requests
 
 from servelab import food11
 
-from relsupport import REPO, listening, non_loopback, tree
+from .relsupport import REPO, listening, non_loopback, tree
 
 DOCKER = REPO / "docker"
 STACKS = {

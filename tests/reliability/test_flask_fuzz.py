@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from servelab import flask_backends, food11
 
-from fuzzimages import FINDINGS, expected_status, fuzz_settings, hostile_images, valid_images
-from relsupport import REPO, log_has_traceback, sample_bytes, start_fastapi, start_flask
+from .fuzzimages import FINDINGS, expected_status, fuzz_settings, hostile_images, valid_images
+from .relsupport import REPO, log_has_traceback, sample_bytes, start_fastapi, start_flask
 
 pytestmark = pytest.mark.filterwarnings("ignore:IM image format is deprecated:DeprecationWarning")
 

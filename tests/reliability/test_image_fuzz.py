@@ -29,8 +29,18 @@ from PIL import Image
 
 from servelab import food11
 
-from fuzzimages import (COMMON_FORMATS, FINDINGS, damaged_images, encode, fuzz_settings, hostile_images,
-                        lying_headers, png_with_size, random_bytes, valid_images)
+from .fuzzimages import (
+    COMMON_FORMATS,
+    FINDINGS,
+    damaged_images,
+    encode,
+    fuzz_settings,
+    hostile_images,
+    lying_headers,
+    png_with_size,
+    random_bytes,
+    valid_images,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:IM image format is deprecated:DeprecationWarning")
 

@@ -22,7 +22,7 @@ import pytest
 import requests
 from PIL import Image
 
-from relsupport import predict_body, start_fastapi, start_flask, tree_rss
+from .relsupport import predict_body, start_fastapi, start_flask, tree_rss
 
 PIXELS = 2_000_000
 SIDE = int(PIXELS ** 0.5)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from relsupport import REPO
+from .relsupport import REPO
 
 
 def _script():

@@ -26,7 +26,7 @@ import requests
 from servelab import food11, procs
 from servelab.bench.targets import triton_infer_body
 
-from relsupport import listening, non_loopback, sample_bytes, tree, wait_gone
+from .relsupport import listening, non_loopback, sample_bytes, tree, wait_gone
 
 STOP_LIMIT_S = 60.0      # stack.stop under load, worst case on a busy 2-core machine
 CLIENT_TIMEOUT = 120.0   # a client still waiting this long after stop would be a hang

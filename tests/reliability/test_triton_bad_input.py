@@ -21,8 +21,8 @@ import requests
 from servelab import food11
 from servelab.bench.targets import triton_infer_body
 
-from fuzzimages import FINDINGS, expected_status, png_with_size
-from relsupport import sample_bytes
+from .fuzzimages import FINDINGS, expected_status, png_with_size
+from .relsupport import sample_bytes
 
 PY = "food_classifier"          # Python backend: BYTES base64 image in, label + probability out
 ONNX = "food_classifier_onnx"   # FP32 [3, 224, 224] in, 11 logits out

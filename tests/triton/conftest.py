@@ -11,6 +11,7 @@ import pytest
 
 from servelab import food11, paths, procs
 
+
 @pytest.fixture(scope="session")
 def artifacts() -> dict:
     """The model artifacts in models_staging/ (built once if missing)."""

@@ -1,0 +1,1 @@
+"""Makes tests/docker/ a package, so its tests import their helpers as ``from .module import ...``."""
