@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servelab import food11, paths, perf, procs, triton_local
+from servelab import food11, paths, perf, procs, triton
 from servelab.bench import script
 
 ONNX_MODEL = "food_classifier_onnx"
@@ -43,7 +43,7 @@ class RawOrt:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
-        options.intra_op_num_threads = triton_local.cpu_cores()
+        options.intra_op_num_threads = procs.cpu_cores()
         options.inter_op_num_threads = 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the runner
         self.session = ort.InferenceSession(str(paths.MODELS_STAGING / ONNX_MODEL / "1" / "model.onnx"),
@@ -99,25 +99,25 @@ def bench_onnx(t, window_ms: int, ort_seconds: float) -> dict:
     for name, batching in ONNX_BATCHING.items():
         reported = t.reload_model(ONNX_MODEL, {"dynamic_batching": batching})
         t.wait_for_stubs(ONNX_MODEL, 1)
-        print(f"  {triton_local.describe_config(reported)}")
+        print(f"  {triton.describe_config(reported)}")
         for proto, client in (("http", f"-u {t.url}"), ("grpc", f"-i grpc -u {t.grpc_url}"),
                               # The client puts its tensors in system shared memory
                               # once; requests carry a reference, not 602 KB each.
                               ("http+shm", f"-u {t.url} --shared-memory system")):
             ort_rate, ort_cpu = raw.measure(ort_seconds)
-            before = t.model_stats(ONNX_MODEL)
+            before = t.snapshot(ONNX_MODEL)
             pids = [s.pid for s in t.stub_processes(ONNX_MODEL)] + [t.pid]
             cpu0, child0 = sum(_cpu_seconds(p) for p in pids), _children_cpu()
             r = run_perf(f"{client} -m {ONNX_MODEL} -b 1 {shape} --concurrency-range 16", window_ms)
-            delta = triton_local.stats_delta(before, t.model_stats(ONNX_MODEL))
+            delta = triton.stats_delta(before, t.snapshot(ONNX_MODEL))
             cpu = sum(_cpu_seconds(p) for p in pids) - cpu0 + _children_cpu() - child0
-            tri_cpu = cpu * 1000 / max(1, delta["inference_count"])
+            tri_cpu = cpu * 1000 / max(1, delta["inferences"])
             label = f"{name}/{proto}"
-            figures[label] = {"infer_per_s": r["throughput"], "avg_batch": delta["avg_batch"],
+            figures[label] = {"infer_per_s": r["throughput"], "avg_batch_size": delta["avg_batch_size"],
                               "p50_ms": r["p50_latency_us"] / 1000, "raw_ort_images_per_s": ort_rate,
                               "ratio": r["throughput"] / ort_rate, "cpu_ms_per_image": tri_cpu,
                               "raw_ort_cpu_ms_per_image": ort_cpu, "cpu_ratio": ort_cpu / tri_cpu}
-            print(f"  {label:20}: Triton {r['throughput']:6.1f} images/s (batch {delta['avg_batch']:4.1f}, "
+            print(f"  {label:20}: Triton {r['throughput']:6.1f} images/s (batch {delta['avg_batch_size'] or 0:4.1f}, "
                   f"p50 {r['p50_latency_us'] / 1000:3.0f} ms) vs raw ORT {ort_rate:6.1f} = {r['throughput'] / ort_rate:.2f}; "
                   f"CPU/image {tri_cpu:4.1f} vs {ort_cpu:4.1f} ms = {ort_cpu / tri_cpu:.2f}")
     return figures
@@ -136,7 +136,7 @@ def bench_counts(t, window_ms: int, rounds: int, input_dir: Path) -> dict:
         for count in (1, 2):
             t.reload_model(PT_MODEL, {"instance_group": [{"count": count, "kind": "KIND_CPU"}]})
             t.wait_for_stubs(PT_MODEL, count)
-            before = t.model_stats(PT_MODEL)
+            before = t.snapshot(PT_MODEL)
             pids = [s.pid for s in t.stub_processes(PT_MODEL)] + [t.pid]
             cpu0, wall0 = sum(_cpu_seconds(p) for p in pids), time.perf_counter()
             cwd = os.getcwd()
@@ -146,14 +146,15 @@ def bench_counts(t, window_ms: int, rounds: int, input_dir: Path) -> dict:
                              window_ms)
             finally:
                 os.chdir(cwd)
-            delta = triton_local.stats_delta(before, t.model_stats(PT_MODEL))
+            delta = triton.stats_delta(before, t.snapshot(PT_MODEL))
             cpu = sum(_cpu_seconds(p) for p in pids) - cpu0
             cores = cpu / (time.perf_counter() - wall0)
+            per_request = delta["per_request_ms"]
             figures[count].append(r["throughput"])
-            print(f"  {PT_MODEL} count {count} ({max(1, triton_local.cpu_cores() // count)} thread(s) each), "
-                  f"c8: {r['throughput']:6.1f} infer/s, compute {delta['compute_infer_ms']:3.0f} ms, "
-                  f"queue {delta['queue_ms']:3.0f} ms, CPU {cpu / max(1, delta['inference_count']) * 1000:4.1f} "
-                  f"ms/inference, server used {cores:.2f} of {triton_local.cpu_cores()} cores")
+            print(f"  {PT_MODEL} count {count} ({max(1, procs.cpu_cores() // count)} thread(s) each), "
+                  f"c8: {r['throughput']:6.1f} infer/s, compute {per_request.get('compute_infer', 0.0):3.0f} ms, "
+                  f"queue {per_request.get('queue', 0.0):3.0f} ms, CPU {cpu / max(1, delta['inferences']) * 1000:4.1f} "
+                  f"ms/inference, server used {cores:.2f} of {procs.cpu_cores()} cores")
     return {c: sum(v) / len(v) for c, v in figures.items()} | {"runs": figures}
 
 
@@ -174,11 +175,11 @@ def main(argv=None) -> int:
         print("input.json is missing: run `python -m servelab samples input-json`", file=sys.stderr)
         return 2
     perf.install_shim()
-    print(f"machine: {triton_local.cpu_cores()} cores, load average {os.getloadavg()[0]:.1f} at start, "
+    print(f"machine: {procs.cpu_cores()} cores, load average {os.getloadavg()[0]:.1f} at start, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'PASSIVE (servelab default)')}")
-    out: dict = {"cores": triton_local.cpu_cores(), "load_start": os.getloadavg()[0]}
-    with triton_local.running(http_port=procs.free_port(), grpc_port=procs.free_port(),
-                              metrics_port=procs.free_port(), write_state=False) as t:
+    out: dict = {"cores": procs.cpu_cores(), "load_start": os.getloadavg()[0]}
+    with triton.running(http_port=procs.free_port(), grpc_port=procs.free_port(),
+                        metrics_port=procs.free_port(), write_state=False) as t:
         print(f"local Triton {t.url}: {ONNX_MODEL} runs on servelab's onnxruntime runner (Python backend)")
         if not args.skip_onnx:
             print("\n[1] ONNX Runtime batch 16 vs Triton food_classifier_onnx with dynamic batching, concurrency 16")

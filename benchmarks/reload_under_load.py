@@ -191,10 +191,10 @@ def main(argv=None) -> int:
              help="seconds of load before, between and after reloads")
     ap.add_argument("--out", dest="json", type=Path, help=argparse.SUPPRESS)  # the old name of --json
     args = ap.parse_args(argv)
-    from servelab import triton_local
+    from servelab import triton
 
-    with triton_local.running(models=[args.model], http_port=procs.free_port(), grpc_port=procs.free_port(),
-                              metrics_port=procs.free_port(), write_state=False) as t:
+    with triton.running(models=[args.model], http_port=procs.free_port(), grpc_port=procs.free_port(),
+                        metrics_port=procs.free_port(), write_state=False) as t:
         print(f"Triton ready on {t.http_url}; {args.concurrency} clients on {args.model}; 3 reloads", flush=True)
         rec = measure(t, args.model, args.concurrency, args.settle)
     print(report(rec))

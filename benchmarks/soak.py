@@ -105,19 +105,18 @@ def run_fastapi_onnx(args) -> dict:
 
 
 def run_triton_onnx(args) -> dict:
-    from servelab import triton_local
+    from servelab import triton
 
-    with triton_local.running(models=["food_classifier_onnx"], http_port=procs.free_port(),
-                              grpc_port=procs.free_port(), metrics_port=procs.free_port(),
-                              write_state=False) as t:
+    with triton.running(models=["food_classifier_onnx"], http_port=procs.free_port(),
+                        grpc_port=procs.free_port(), metrics_port=procs.free_port(),
+                        write_state=False) as t:
         cfg = t.reload_model("food_classifier_onnx", {"dynamic_batching": {}}, verbose=False)
         assert "dynamic_batching" in cfg, cfg
-        before = t.model_stats("food_classifier_onnx")
+        before = t.snapshot("food_classifier_onnx")
         target = bench.triton_tensor_target(t.url, "food_classifier_onnx")
         record = soak(target, t.pid, args.requests, args.concurrency, args.chunk, "triton_onnx (dynamic batching)")
-        delta = triton_local.stats_delta(before, t.model_stats("food_classifier_onnx"))
-        record["triton_stats"] = {"avg_batch": delta["avg_batch"], "batch_sizes": delta["batch_sizes"],
-                                  "fail_count": delta["fail_count"], "success_count": delta["success_count"]}
+        delta = triton.stats_delta(before, t.snapshot("food_classifier_onnx"))
+        record["triton_stats"] = {k: delta[k] for k in ("avg_batch_size", "batch_histogram", "failures", "requests")}
         record["stubs"] = [s.pid for s in t.stub_processes()]
         return record
 
@@ -154,8 +153,8 @@ def main(argv=None) -> int:
               f"{rec['sent'] / rec['wall_s']:.1f} req/s over {rec['wall_s']:.0f} s")
         if "triton_stats" in rec:
             ts = rec["triton_stats"]
-            print(f"  Triton: average batch {ts['avg_batch']:.2f}, batch sizes {ts['batch_sizes']}, "
-                  f"server-side failures {ts['fail_count']}")
+            print(f"  Triton: average batch {ts['avg_batch_size'] or 0:.2f}, batch sizes {ts['batch_histogram']}, "
+                  f"server-side failures {ts['failures']}")
         print(f"  {'process':<36} {'RSS @' + str(rec['growth']['total']['checkpoint']):>12} "
               f"{'RSS @' + str(rec['growth']['total']['end']):>12} {'growth':>8}")
         for proc, g in rec["growth"].items():

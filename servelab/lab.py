@@ -63,10 +63,10 @@ def reload_from_files(model: str, grpc_url: str, admin_key: str | None = None) -
     """
     host, _, port = grpc_url.rpartition(":")
     if host in ("127.0.0.1", "localhost") and port.isdigit():
-        from servelab import triton_local
+        from servelab import triton
 
-        if triton_local.read_state(grpc_port=int(port)):
-            return triton_local.reload_model(model, grpc_url=grpc_url, admin_key=admin_key, verbose=False)
+        if triton.read_state(grpc_port=int(port)):
+            return triton.reload_model(model, grpc_url=grpc_url, admin_key=admin_key, verbose=False)
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(grpc_url)

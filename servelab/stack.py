@@ -312,11 +312,11 @@ def stop(st: Stack, timeout: float = 40.0) -> None:
 def _triton_cleanup(http_port: int) -> None:
     """If Triton's wrapper died before it could stop Triton, stop it by its state."""
     try:
-        from servelab import triton_local
+        from servelab import triton
     except ImportError:
         return
     try:
-        triton_local.stop_running(http_port)
+        triton.stop_running(http_port)
     except Exception:
         pass
 
@@ -387,13 +387,13 @@ def running(components: Iterable[str] | None = None, **kwargs) -> Iterator[Stack
 
 
 # --------------------------------------------------------------------------
-# The Triton component: a small foreground wrapper around triton_local
+# The Triton component: a small foreground wrapper around servelab.triton
 # --------------------------------------------------------------------------
 
 def _triton_child(argv: Sequence[str]) -> int:
     """Run Triton in the foreground until SIGTERM/SIGINT, then stop it cleanly
-    (stubs and shared memory reaped by triton_local)."""
-    from servelab import triton_local
+    (stubs and shared memory reaped by servelab.triton)."""
+    from servelab import triton
 
     ap = argparse.ArgumentParser(prog="servelab.stack _triton")
     ap.add_argument("--host", default="127.0.0.1")
@@ -412,9 +412,9 @@ def _triton_child(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     server = None
     try:
-        server = triton_local.start(host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
-                                    metrics_port=a.metrics_port, workdir=a.workdir,
-                                    extra_args=[f"--metrics-interval-ms={METRICS_INTERVAL_MS}"], quiet=False)
+        server = triton.start(host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
+                              metrics_port=a.metrics_port, workdir=a.workdir,
+                              extra_args=[f"--metrics-interval-ms={METRICS_INTERVAL_MS}"], quiet=False)
         print("Triton ready.", flush=True)
         while server.alive():
             time.sleep(0.5)

@@ -116,14 +116,14 @@ def fastapi_experiment(t: Tour, urls: dict) -> None:
 
 
 def triton_python_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_url: str) -> None:
-    from servelab import triton_local
+    from servelab import triton
 
     cfg = t.cfg
     target = targets.triton_target(triton_url, PY_MODEL, timeout=cfg.timeout)
     for instances in (1, 2):
         group = f"Triton Python · {instances} instance{'s' if instances > 1 else ''}"
         t.log(f"  2. Triton {PY_MODEL}, {instances} instance(s): concurrency {', '.join(map(str, cfg.concurrency))}")
-        reported = triton_local.reload_model(
+        reported = triton.reload_model(
             PY_MODEL, {"instance_group": [{"count": instances, "kind": "KIND_CPU"}]},
             grpc_url=grpc_url, verbose=False)
         got = sum(int(g.get("count", 1)) for g in reported.get("instance_group", []))
@@ -143,17 +143,17 @@ def triton_python_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_ur
     for i, c in enumerate(cfg.concurrency):
         t.facts[f"triton_py_2v1_throughput_c{c}"] = two[i].throughput / one[i].throughput
     # Leave the model as the lab starts it.
-    triton_local.reload_model(PY_MODEL, {"instance_group": [{"count": 1, "kind": "KIND_CPU"}]},
-                              grpc_url=grpc_url, verbose=False)
+    triton.reload_model(PY_MODEL, {"instance_group": [{"count": 1, "kind": "KIND_CPU"}]},
+                        grpc_url=grpc_url, verbose=False)
 
 
 def triton_onnx_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_url: str) -> None:
-    from servelab import triton_local
+    from servelab import triton
 
     cfg = t.cfg
     target = targets.triton_target(triton_url, ONNX_MODEL, timeout=cfg.timeout)
     t.log(f"  3. Triton {ONNX_MODEL}: constant vs Poisson arrivals, without and with dynamic batching")
-    triton_local.reload_model(ONNX_MODEL, {"dynamic_batching": None}, grpc_url=grpc_url, verbose=False)
+    triton.reload_model(ONNX_MODEL, {"dynamic_batching": None}, grpc_url=grpc_url, verbose=False)
     probe = t.add("ONNX probe", load.run(target, load.sequential(cfg.n(cfg.probe_requests), warmup=3),
                                          [TritonObserver(triton_url, ONNX_MODEL)],
                                          "Triton ONNX · sequential probe"))
@@ -166,8 +166,8 @@ def triton_onnx_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_url:
     runs: dict[tuple[str, str], Result] = {}
     for batching in ("off", "on"):
         if batching == "on":
-            reported = triton_local.reload_model(ONNX_MODEL, {"dynamic_batching": {}}, grpc_url=grpc_url,
-                                                 verbose=False)
+            reported = triton.reload_model(ONNX_MODEL, {"dynamic_batching": {}}, grpc_url=grpc_url,
+                                           verbose=False)
             t.log(f"    reloaded with dynamic_batching: {json.dumps(reported.get('dynamic_batching', {}))}")
         group = f"Triton ONNX · batching {batching}"
         for dist in ("constant", "poisson"):
@@ -200,7 +200,7 @@ def triton_onnx_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_url:
     for key, r in runs.items():
         t.facts[f"onnx_{key[0]}_{key[1]}_avg_batch"] = r.server.get("avg_batch_size")
         t.facts[f"onnx_{key[0]}_{key[1]}_p99_ms"] = r.latency["p99_ms"]
-    triton_local.reload_model(ONNX_MODEL, {"dynamic_batching": None}, grpc_url=grpc_url, verbose=False)
+    triton.reload_model(ONNX_MODEL, {"dynamic_batching": None}, grpc_url=grpc_url, verbose=False)
 
 
 # --------------------------------------------------------------------------

@@ -112,10 +112,10 @@ def test_up_and_down_leave_no_orphans(built_models, tmp_path):
         names = " ".join(" ".join(p.cmdline()) for p in everything)
         assert "tritonserver" in names and "triton_python_backend_stub" in names
         assert _get(f"http://127.0.0.1:{ports['triton-http']}/v2/models/food_classifier/ready")[0] == 200
-        from servelab import triton_local
+        from servelab import triton
         # Triton answers /v2/health/ready a moment before its launcher writes
         # the run file (after its own readiness checks): give it a few seconds.
-        run_file = triton_local.state_path(ports["triton-http"])
+        run_file = triton.state_path(ports["triton-http"])
         deadline = time.monotonic() + 30
         while not run_file.exists() and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -1,11 +1,11 @@
-"""Triton's side of a run: statistics deltas and metrics sampling.
+"""Triton's side of a load-generator run: statistics around it, metrics during it.
 
-Triton's ``/v2/models/<m>/versions/<v>/stats`` counters are cumulative since
-the model loaded (and survive an identical-config reload), so one run's
-figures come from the difference of two snapshots taken just before and just
-after its measured window. Per-request times divide each phase's
-nanoseconds by its count; the batch-size histogram counts executions per
-batch size from ``batch_stats``.
+``TritonObserver`` snapshots the model's statistics just before and just
+after the measured window and stores ``servelab.triton.stats_delta`` of the
+two in ``Result.server`` (the one vocabulary: ``requests``, ``inferences``,
+``executions``, ``avg_batch_size``, ``per_request_ms``, ``batch_histogram``,
+``per_batch_ms``). ``asnapshot`` is ``servelab.triton.snapshot`` on the
+load generator's event loop.
 
 The metrics endpoint (Prometheus text on the metrics port, 8002 by default)
 is sampled during the run: ``nv_gpu_utilization`` per GPU where there is one,
@@ -20,95 +20,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.request
 
 from servelab.bench import http
 from servelab.bench.load import Observer, Result
-
-PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
-
-
-def _base(url: str) -> str:
-    host, port, _ = http.split_url(url)
-    return f"http://{host}:{port}"
-
-
-def stats_path(model: str, version: str | int | None = None) -> str:
-    v = f"/versions/{version}" if version not in (None, "") else ""
-    return f"/v2/models/{model}{v}/stats"
-
-
-def _pick(doc: dict, model: str, version) -> dict:
-    entries = [e for e in doc.get("model_stats", []) if e.get("name") == model]
-    if version not in (None, ""):
-        entries = [e for e in entries if str(e.get("version")) == str(version)] or entries
-    if not entries:
-        raise LookupError(f"no statistics for model {model!r} (is it loaded?)")
-    return entries[0]
-
-
-def snapshot(url: str, model: str, version: str | int | None = None, timeout: float = 10.0) -> dict:
-    """The model's statistics entry now (synchronous)."""
-    with urllib.request.urlopen(_base(url) + stats_path(model, version), timeout=timeout) as r:
-        return _pick(json.loads(r.read()), model, version)
+from servelab.triton import stats
 
 
 async def asnapshot(url: str, model: str, version: str | int | None = None, timeout: float = 10.0) -> dict:
-    resp = await http.get(_base(url) + stats_path(model, version), timeout)
+    """``servelab.triton.snapshot``, without blocking the event loop."""
+    resp = await http.get(stats.base_url(url) + stats.stats_path(model, version), timeout)
     if resp.status != 200:
         raise RuntimeError(f"stats for {model}: HTTP {resp.status} {resp.body[:200]!r}")
-    return _pick(json.loads(resp.body), model, version)
-
-
-def _d(after: dict, before: dict, *keys) -> int:
-    a, b = after, before
-    for k in keys:
-        a, b = (a or {}).get(k, {}), (b or {}).get(k, {})
-    return int(a or 0) - int(b or 0)
-
-
-def stats_delta(before: dict, after: dict) -> dict:
-    """What happened between two snapshots of one model's statistics.
-
-    Returns counts (``requests`` = successful requests, ``failures``,
-    ``inferences``, ``executions``), ``avg_batch_size``, ``per_request_ms``
-    (queue / compute_input / compute_infer / compute_output, and ``total``
-    = server time of a successful request), ``batch_histogram``
-    ({batch_size: executions}) and ``per_batch_ms`` ({batch_size: mean
-    compute time of one execution, input+infer+output}).
-    """
-    ib, ia = before.get("inference_stats", {}), after.get("inference_stats", {})
-    out = {
-        "model": after.get("name"), "version": after.get("version"),
-        "requests": _d(ia, ib, "success", "count"),
-        "failures": _d(ia, ib, "fail", "count"),
-        "inferences": _d(after, before, "inference_count"),
-        "executions": _d(after, before, "execution_count"),
-    }
-    out["avg_batch_size"] = out["inferences"] / out["executions"] if out["executions"] else None
-    per_req = {}
-    for ph in PHASES:
-        n = _d(ia, ib, ph, "count")
-        if n > 0:
-            per_req[ph] = _d(ia, ib, ph, "ns") / n / 1e6
-    n = _d(ia, ib, "success", "count")
-    if n > 0:
-        per_req["total"] = _d(ia, ib, "success", "ns") / n / 1e6
-    out["per_request_ms"] = per_req
-    bb = {e["batch_size"]: e for e in before.get("batch_stats", [])}
-    hist, per_batch = {}, {}
-    for e in after.get("batch_stats", []):
-        b = e["batch_size"]
-        prev = bb.get(b, {})
-        n = _d(e, prev, "compute_infer", "count")
-        if n <= 0:
-            continue
-        hist[b] = n
-        ns = sum(_d(e, prev, ph, "ns") for ph in ("compute_input", "compute_infer", "compute_output"))
-        per_batch[b] = ns / n / 1e6
-    out["batch_histogram"] = dict(sorted(hist.items()))
-    out["per_batch_ms"] = dict(sorted(per_batch.items()))
-    return out
+    return stats.pick(json.loads(resp.body), model, version)
 
 
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -236,7 +159,7 @@ class TritonObserver(Observer):
         if self.sampler:
             result.utilization = await self.sampler.stop()
         after = await self._settled(want=result.ok)
-        result.server = stats_delta(self._before, after)
+        result.server = stats.stats_delta(self._before, after)
 
 
 def _success(snap: dict) -> int:

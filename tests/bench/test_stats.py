@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from servelab.bench import stats
-from servelab.bench.triton import parse_prometheus, stats_delta, utilization_sample
+from servelab.bench.triton import parse_prometheus, utilization_sample
+from servelab.triton import stats_delta
 
 
 def test_percentile_interpolates_between_ranks():

@@ -10,16 +10,17 @@ import pytest
 
 from servelab import bench, procs
 from servelab.bench import http, targets
-from servelab.bench.triton import TritonObserver, snapshot
+from servelab.bench.triton import TritonObserver
+from servelab.triton import snapshot
 
 
 @pytest.fixture(scope="module")
 def triton(built_models, tmp_path_factory):
-    from servelab import triton_local
+    from servelab.triton import running
 
-    with triton_local.running(http_port=procs.free_port(), grpc_port=procs.free_port(),
-                              metrics_port=procs.free_port(), workdir=tmp_path_factory.mktemp("triton"),
-                              write_state=False, extra_args=["--metrics-interval-ms=500"]) as t:
+    with running(http_port=procs.free_port(), grpc_port=procs.free_port(),
+                 metrics_port=procs.free_port(), workdir=tmp_path_factory.mktemp("triton"),
+                 write_state=False, extra_args=["--metrics-interval-ms=500"]) as t:
         yield t
 
 

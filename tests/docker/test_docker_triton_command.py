@@ -27,13 +27,13 @@ def _post(url: str, key: str | None = None) -> int:
 
 
 def test_compose_triton_command_on_the_real_server(tmp_path, empty_env_file, built_models):
-    from servelab import triton_local
+    from servelab import triton
 
-    install = triton_local.find_install()
+    install = triton.find_install()
     repo = tmp_path / "models"
     compose.cpu_repository(REPO / "models_staging", repo)
     shutil.rmtree(repo / "food_classifier_onnx")  # the local binary has no onnxruntime backend
-    backends = triton_local.prepare_backends(tmp_path, install)
+    backends = triton.prepare_backends(tmp_path, install)
 
     command = render("triton+cpu", empty_env_file)["services"]["triton_server"]["command"]
     assert command[0] == "tritonserver" and "--model-repository=/models" in command

@@ -10,10 +10,8 @@ import shutil
 
 import pytest
 
+from conftest import REPO_ROOT, base_kernel_env, notebook_text, run_notebook
 from servelab import lab
-
-from .nbkit import REPO_ROOT, base_kernel_env, notebook_text, run_notebook
-
 
 def _checks(text: str) -> tuple[list[str], list[str]]:
     passed = re.findall(rf"^{re.escape(lab.CHECK_PASS)}: (.*)$", text, re.M)
@@ -47,17 +45,17 @@ def test_4_fastapi_runs_against_the_local_stack():
 
 
 def test_6_triton_runs_against_a_local_triton(tmp_path):
-    """The real Triton 2.51 (servelab.triton_local, as `servelab up` runs it) and the real
+    """The real Triton 2.51 (servelab.triton, as `servelab up` runs it) and the real
     perf_analyzer. The notebook edits config.pbtxt files, so Triton serves a private copy
     of models_staging/ here: the repository's own files are never touched by the test."""
-    from servelab import procs, triton_local
+    from servelab import procs, triton
 
     repo = tmp_path / "models"
     shutil.copytree(REPO_ROOT / "models_staging", repo)
     originals = {p: p.read_text() for p in repo.glob("*/config.pbtxt")}
     staged = {p: p.read_text() for p in (REPO_ROOT / "models_staging").glob("*/config.pbtxt")}
     ports = [procs.free_port() for _ in range(3)]
-    with triton_local.running(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
+    with triton.running(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
         env = base_kernel_env(
             TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_METRICS_URL=t.metrics_url,
             TRITON_MODEL_REPOSITORY=str(repo),

@@ -1,6 +1,6 @@
 """Fixtures shared by the reliability tests: one local Triton for the whole
 session (bad input, reload under load, exposure), started on free loopback
-ports through the kit's own launcher (servelab.triton_local)."""
+ports through the kit's own launcher (servelab.triton)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from servelab import procs
 
 @pytest.fixture(scope="session")
 def triton(built_models):
-    from servelab import triton_local
+    from servelab.triton import start
 
-    server = triton_local.start(http_port=procs.free_port(), grpc_port=procs.free_port(),
-                                metrics_port=procs.free_port(), write_state=False)
+    server = start(http_port=procs.free_port(), grpc_port=procs.free_port(),
+                   metrics_port=procs.free_port(), write_state=False)
     try:
         yield server
     finally:

@@ -82,18 +82,18 @@ def test_triton_repository_api_needs_the_key_over_grpc(triton):
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    from servelab import triton_local
+    from servelab.triton import GRPC_ADMIN_HEADER
 
     client = grpcclient.InferenceServerClient(triton.grpc_url)
     try:
-        for headers in (None, {triton_local.GRPC_ADMIN_HEADER: "wrong"}):
+        for headers in (None, {GRPC_ADMIN_HEADER: "wrong"}):
             with pytest.raises(InferenceServerException) as err:
                 client.get_model_repository_index(headers=headers)
             assert "admin-key" in str(err.value) or "restricted" in str(err.value).lower(), err.value
             with pytest.raises(InferenceServerException):
                 client.unload_model("food_classifier_onnx", headers=headers)
         assert client.is_model_ready("food_classifier_onnx")
-        index = client.get_model_repository_index(headers={triton_local.GRPC_ADMIN_HEADER: triton.admin_key},
+        index = client.get_model_repository_index(headers={GRPC_ADMIN_HEADER: triton.admin_key},
                                                   as_json=True)
         assert {"food_classifier", "food_classifier_onnx"} <= {m["name"] for m in index.get("models", [])}
     finally:

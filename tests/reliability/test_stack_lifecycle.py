@@ -143,7 +143,7 @@ class _Clients:
 
 
 def test_stop_under_load_leaves_nothing_and_restarts_at_once(up):
-    from servelab import stack, triton_local
+    from servelab import stack, triton
 
     st = up
     pids = _stack_pids(st)
@@ -217,9 +217,9 @@ def test_stop_under_load_leaves_nothing_and_restarts_at_once(up):
     st2 = stack.start(["fastapi_onnx", "flask", "jupyter"], ports=again_ports, fastapi="onnx",
                       log_dir=st.log_dir, state_file=None, log=None)
     try:
-        t = triton_local.start(models=["food_classifier_onnx"], http_port=st.ports["triton_http"],
-                               grpc_port=st.ports["triton_grpc"], metrics_port=st.ports["triton_metrics"],
-                               write_state=False)
+        t = triton.start(models=["food_classifier_onnx"], http_port=st.ports["triton_http"],
+                         grpc_port=st.ports["triton_grpc"], metrics_port=st.ports["triton_metrics"],
+                         write_state=False)
         try:
             restart_s = time.monotonic() - t1
             assert t.ready()

@@ -202,9 +202,9 @@ def test_bad_requests_do_not_fail_good_ones_in_the_same_batch(t):
     queue delay so batches really form), good and bad requests sent together
     land in the same execute() call: every good one must succeed, every bad
     one get its own 400."""
-    from servelab import triton_local
+    from servelab.triton import stats_delta
 
-    before = t.model_stats(PY)
+    before = t.snapshot(PY)
     t.reload_model(PY, {"dynamic_batching": {"max_queue_delay_microseconds": 100_000}}, verbose=False)
     try:
         good_body, good_headers = _image_request([base64.b64encode(sample_bytes()[2])])
@@ -213,12 +213,12 @@ def test_bad_requests_do_not_fail_good_ones_in_the_same_batch(t):
         jobs = [("good", good_body, good_headers)] * 12 + [("bad", b, h) for b, h in bad] * 2
         with cf.ThreadPoolExecutor(len(jobs)) as pool:
             results = list(pool.map(lambda j: (j[0], _post(t, PY, j[1], j[2])), jobs))
-        delta = triton_local.stats_delta(before, t.model_stats(PY))
+        delta = stats_delta(before, t.snapshot(PY))
     finally:
         t.reload_model(PY, None, verbose=False)  # back to models_staging/food_classifier
         t.extra_stubs_before = {s.instance: s.pid for s in t.stub_processes()}
-    print(f"\nmixed good/bad load: batch sizes {delta['batch_sizes']}")
-    assert max(delta["batch_sizes"]) > 1, f"no batch formed, the test proves nothing: {delta}"
+    print(f"\nmixed good/bad load: batch sizes {delta['batch_histogram']}")
+    assert max(delta["batch_histogram"]) > 1, f"no batch formed, the test proves nothing: {delta}"
     good = [(r.status_code, r.text[:200]) for k, r in results if k == "good"]
     badst = [(r.status_code, r.text[:200]) for k, r in results if k == "bad"]
     assert all(code == 200 for code, _ in good), f"good requests failed beside bad ones: {good}"

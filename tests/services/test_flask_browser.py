@@ -46,9 +46,9 @@ def flask_on_onnx(onnx_server, service_logs):
 
 @pytest.fixture(scope="module")
 def triton(built_models, tmp_path_factory):
-    from servelab import triton_local
+    from servelab.triton import start
 
-    server = triton_local.start(
+    server = start(
         models=["food_classifier", "food_classifier_onnx"],
         http_port=procs.free_port(), grpc_port=procs.free_port(), metrics_port=procs.free_port(),
         workdir=tmp_path_factory.mktemp("triton"), write_state=False,

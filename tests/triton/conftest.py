@@ -75,11 +75,11 @@ def input_json_dir(tmp_path_factory):
 def start_triton(tmp_path_factory, artifacts):
     """``start_triton(**kwargs)`` → a running TritonServer on free ports
     (the caller stops it)."""
-    from servelab import triton_local
+    from servelab import triton
 
     def _start(**kwargs):
         kwargs.setdefault("workdir", tmp_path_factory.mktemp("triton"))
-        return triton_local.start(
+        return triton.start(
             http_port=procs.free_port(), grpc_port=procs.free_port(), metrics_port=procs.free_port(), **kwargs,
         )
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from servelab import food11, paths, triton_local
+from servelab import food11, paths, triton
 from servelab.triton_runner import ONNX_RUNNER
 
 pb = pytest.importorskip("tritonclient.grpc.model_config_pb2")
@@ -27,7 +27,7 @@ def test_every_config_parses_with_tritons_schema():
     configs = all_configs()
     assert {c.parent.name for c in configs} == {"food_classifier", "food_classifier_onnx"}
     for path in configs:
-        cfg = triton_local.load_config(path)
+        cfg = triton.load_config(path)
         assert isinstance(cfg, pb.ModelConfig)
         assert cfg.name == path.parent.name
         assert cfg.max_batch_size == 16
@@ -39,13 +39,13 @@ def test_every_config_parses_with_tritons_schema():
 
 def test_a_typo_in_a_config_is_caught_by_the_schema():
     with pytest.raises(ValueError, match="instance_groups"):
-        triton_local.parse_config_text('name: "x"\ninstance_groups [{ count: 1 }]')
+        triton.parse_config_text('name: "x"\ninstance_groups [{ count: 1 }]')
 
 
 def test_onnx_config_matches_the_real_onnx_model(artifacts):
     import onnx
 
-    cfg = triton_local.load_config(STAGING / "food_classifier_onnx")
+    cfg = triton.load_config(STAGING / "food_classifier_onnx")
     assert cfg.backend == "onnxruntime"
     model = onnx.load(str(artifacts["onnx"]), load_external_data=False)
     onnx_to_triton = {onnx.TensorProto.FLOAT: pb.TYPE_FP32}
@@ -68,7 +68,7 @@ def test_onnx_config_matches_the_real_onnx_model(artifacts):
 def test_python_model_config_matches_model_py_and_the_weights(artifacts):
     import torch
 
-    cfg = triton_local.load_config(STAGING / "food_classifier")
+    cfg = triton.load_config(STAGING / "food_classifier")
     assert cfg.backend == "python"
     assert [(i.name, i.data_type, list(i.dims)) for i in cfg.input] == [("INPUT_IMAGE", pb.TYPE_STRING, [1])]
     assert [(o.name, o.data_type, list(o.dims)) for o in cfg.output] == [
@@ -112,10 +112,10 @@ def test_model_py_uses_softmax_not_sigmoid():
 
 
 def test_localize_maps_gpu_to_cpu_and_onnx_to_the_runner():
-    onnx_cfg = triton_local.load_config(STAGING / "food_classifier_onnx")
-    local, notes = triton_local.localize_config(onnx_cfg, gpus=0)
-    assert local.backend == "python" and triton_local.is_runner_config(local)
-    assert local.parameters[triton_local.ONNX_FILE_PARAMETER].string_value == "model.onnx"
+    onnx_cfg = triton.load_config(STAGING / "food_classifier_onnx")
+    local, notes = triton.localize_config(onnx_cfg, gpus=0)
+    assert local.backend == "python" and triton.is_runner_config(local)
+    assert local.parameters[triton.ONNX_FILE_PARAMETER].string_value == "model.onnx"
     assert [(g.kind, list(g.gpus)) for g in local.instance_group] == [(pb.ModelInstanceGroup.KIND_CPU, [])]
     assert any("no onnxruntime backend" in n for n in notes)
     assert any("KIND_CPU" in n for n in notes)
@@ -123,37 +123,37 @@ def test_localize_maps_gpu_to_cpu_and_onnx_to_the_runner():
     for field in ("input", "output", "max_batch_size"):
         assert getattr(local, field) == getattr(onnx_cfg, field)
     # Idempotent, and the source is not modified.
-    again, _ = triton_local.localize_config(local, gpus=0)
+    again, _ = triton.localize_config(local, gpus=0)
     assert again == local
     assert onnx_cfg.backend == "onnxruntime"
     # With GPUs present KIND_GPU stays; out-of-range GPU ids are dropped.
-    two = triton_local.apply_edit(triton_local.config_to_dict(onnx_cfg),
+    two = triton.apply_edit(triton.config_to_dict(onnx_cfg),
                                   {"instance_group": [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1, 3]}]})
-    gpu_local, _ = triton_local.localize_config(triton_local.dict_to_config(two), gpus=2)
+    gpu_local, _ = triton.localize_config(triton.dict_to_config(two), gpus=2)
     assert [(g.kind, list(g.gpus)) for g in gpu_local.instance_group] == [(pb.ModelInstanceGroup.KIND_GPU, [0, 1])]
 
 
 def test_apply_edit_forms():
-    base = triton_local.config_to_dict(triton_local.load_config(STAGING / "food_classifier"))
-    on = triton_local.apply_edit(base, "dynamic_batching { }")
+    base = triton.config_to_dict(triton.load_config(STAGING / "food_classifier"))
+    on = triton.apply_edit(base, "dynamic_batching { }")
     assert "dynamic_batching" in on and "dynamic_batching" not in base
-    delay = triton_local.apply_edit(base, {"dynamic_batching": {"max_queue_delay_microseconds": 2000}})
+    delay = triton.apply_edit(base, {"dynamic_batching": {"max_queue_delay_microseconds": 2000}})
     assert int(delay["dynamic_batching"]["max_queue_delay_microseconds"]) == 2000
-    off = triton_local.apply_edit(delay, {"dynamic_batching": None})
+    off = triton.apply_edit(delay, {"dynamic_batching": None})
     assert "dynamic_batching" not in off
 
     def two_instances(cfg):
         cfg["instance_group"][0]["count"] = 2
 
-    assert triton_local.apply_edit(base, two_instances)["instance_group"][0]["count"] == 2
+    assert triton.apply_edit(base, two_instances)["instance_group"][0]["count"] == 2
     with pytest.raises(ValueError, match="instance_groups"):
-        triton_local.apply_edit(base, {"instance_groups": [{"count": 2}]})
+        triton.apply_edit(base, {"instance_groups": [{"count": 2}]})
     with pytest.raises(ValueError):
-        triton_local.apply_edit(base, {"max_batch_size": "sixteen"})
+        triton.apply_edit(base, {"max_batch_size": "sixteen"})
 
 
 def test_runtime_repository_layout(tmp_path, artifacts):
-    names, notes = triton_local.build_repository(tmp_path, gpus=0)
+    names, notes = triton.build_repository(tmp_path, gpus=0)
     assert names == ["food_classifier", "food_classifier_onnx"]
     onnx_version = tmp_path / "food_classifier_onnx" / "1"
     assert (onnx_version / "model.py").read_text() == ONNX_RUNNER.read_text()
@@ -164,7 +164,7 @@ def test_runtime_repository_layout(tmp_path, artifacts):
     # The generated config is valid for Triton and says what changed.
     text = (tmp_path / "food_classifier_onnx" / "config.pbtxt").read_text()
     assert "no onnxruntime backend" in text
-    assert triton_local.load_config(tmp_path / "food_classifier_onnx").backend == "python"
+    assert triton.load_config(tmp_path / "food_classifier_onnx").backend == "python"
 
 
 def test_missing_artifacts_are_reported_with_the_build_command(tmp_path):
@@ -172,11 +172,11 @@ def test_missing_artifacts_are_reported_with_the_build_command(tmp_path):
     (src / "food_classifier_onnx" / "1").mkdir(parents=True)
     (src / "food_classifier_onnx" / "config.pbtxt").write_text(
         (STAGING / "food_classifier_onnx" / "config.pbtxt").read_text())
-    with pytest.raises(triton_local.TritonError, match="servelab models build"):
-        triton_local.build_repository(tmp_path / "out", src, gpus=0)
+    with pytest.raises(triton.TritonError, match="servelab models build"):
+        triton.build_repository(tmp_path / "out", src, gpus=0)
 
 
 def test_stub_for_this_python_exists():
-    install = triton_local.find_install()
+    install = triton.find_install()
     assert install.server.is_file()
     assert install.stub().is_file(), f"no stub for Python {sys.version_info[:2]}"

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from servelab import procs, triton_local
+from servelab import procs, triton
 
 
 def _start_cli(tmp_path, artifacts):
     ports = [procs.free_port() for _ in range(3)]
-    cmd = [str(procs.venv_bin() / "python"), "-m", "servelab.triton_local", "start",
+    cmd = [str(procs.venv_bin() / "python"), "-m", "servelab.triton", "start",
            "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
            "--models", "food_classifier_onnx", "--workdir", str(tmp_path / "work")]
     log = open(tmp_path / "cli.log", "w")
@@ -27,12 +27,12 @@ def _start_cli(tmp_path, artifacts):
         assert proc.poll() is None, (tmp_path / "cli.log").read_text()
         assert time.monotonic() < deadline, "not ready in time"
         time.sleep(0.25)
-    state = json.loads(triton_local.state_path(ports[0]).read_text())
+    state = json.loads(triton.state_path(ports[0]).read_text())
     return proc, ports, state, (tmp_path / "cli.log")
 
 
 def _leftovers(state) -> tuple[list, list]:
-    stubs = [s.pid for s in triton_local.stub_processes(state["pid"], state["shm_prefix"])]
+    stubs = [s.pid for s in triton.stub_processes(state["pid"], state["shm_prefix"])]
     shm = list(Path("/dev/shm").glob(f"{state['shm_prefix']}*"))
     return stubs, shm
 
@@ -44,7 +44,7 @@ def test_foreground_start_prints_urls_and_ctrl_c_stops_cleanly(tmp_path, artifac
         assert f"http://127.0.0.1:{ports[0]}" in text and f"127.0.0.1:{ports[1]}" in text
         assert f"http://127.0.0.1:{ports[2]}/metrics" in text
         assert "no onnxruntime backend" in text and "KIND_CPU" in text
-        assert triton_local.stub_processes(state["pid"], state["shm_prefix"])
+        assert triton.stub_processes(state["pid"], state["shm_prefix"])
         os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends
         assert proc.wait(timeout=60) == 0
     finally:
@@ -53,7 +53,7 @@ def test_foreground_start_prints_urls_and_ctrl_c_stops_cleanly(tmp_path, artifac
     assert "stopped." in log.read_text()
     assert not Path(f"/proc/{state['pid']}").exists()
     assert _leftovers(state) == ([], [])
-    assert not triton_local.state_path(ports[0]).exists()
+    assert not triton.state_path(ports[0]).exists()
     assert all(procs.port_is_free(p) for p in ports)
 
 
@@ -68,9 +68,9 @@ def test_a_killed_owner_leaves_nothing_after_stop_running(tmp_path, artifacts):
     assert not Path(f"/proc/{state['pid']}").exists()
     # ... and `servelab triton stop` (or the next start on that port) reaps
     # whatever it left: hung stubs and their shared memory.
-    assert triton_local.stop_running(ports[0]) is False  # no server was running
+    assert triton.stop_running(ports[0]) is False  # no server was running
     assert _leftovers(state) == ([], [])
-    assert not triton_local.state_path(ports[0]).exists()
+    assert not triton.state_path(ports[0]).exists()
 
 
 def test_start_refuses_a_busy_port(artifacts):
@@ -80,5 +80,5 @@ def test_start_refuses_a_busy_port(artifacts):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(triton_local.TritonError, match=f"port {port}"):
-            triton_local.start(http_port=port, grpc_port=procs.free_port(), metrics_port=procs.free_port())
+        with pytest.raises(triton.TritonError, match=f"port {port}"):
+            triton.start(http_port=port, grpc_port=procs.free_port(), metrics_port=procs.free_port())

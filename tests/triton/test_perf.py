@@ -11,7 +11,8 @@ import subprocess
 
 import pytest
 
-from servelab import perf, procs, triton_local
+from servelab import perf, procs
+from servelab.triton import stats_delta
 
 # The commands from the lab, verbatim (the port is swapped for the test server's).
 LAB_COMMANDS = [
@@ -33,7 +34,7 @@ def budget(command: str) -> str:
 
 @pytest.fixture(scope="module")
 def triton(lab_triton):
-    assert perf.shim_installed(), "triton_local.start() installs the perf_analyzer shim"
+    assert perf.shim_installed(), "start() installs the perf_analyzer shim"
     return lab_triton
 
 
@@ -55,9 +56,9 @@ def parse_one(proc) -> dict:
 def test_lab_command_runs_verbatim_and_parses(command, triton, input_json_dir, shell_env):
     model = re.search(r"-m (\S+)", command).group(1)
     batch = int(re.search(r"-b (\d+)", command).group(1))
-    before = triton.model_stats(model)
+    before = triton.snapshot(model)
     result = parse_one(run_in_shell(command, triton, input_json_dir, shell_env))
-    delta = triton_local.stats_delta(before, triton.model_stats(model))
+    delta = stats_delta(before, triton.snapshot(model))
 
     if "--concurrency-range" in command:
         assert result["concurrency"] == int(re.search(r"--concurrency-range (\d+)", command).group(1))
@@ -70,12 +71,12 @@ def test_lab_command_runs_verbatim_and_parses(command, triton, input_json_dir, s
     assert server["inference_count"] > 0 and server["compute_infer_us"] > 0
     # The server's own counters agree with what perf_analyzer parsed:
     # perf_analyzer reports a subset (its measurement windows) of the total.
-    assert delta["inference_count"] >= server["inference_count"]
+    assert delta["inferences"] >= server["inference_count"]
     # A client batch of 16 is 16 inferences per execution on the server.
     # (perf_analyzer reads the inference and execution counters at slightly
     # different moments at window edges, so allow a stray count or two.)
     assert server["avg_batch"] == pytest.approx(batch, rel=0.02)
-    assert delta["fail_count"] == 0
+    assert delta["failures"] == 0
 
 
 def test_csv_output_parses_and_agrees_with_stdout(triton, tmp_path, shell_env, input_json_dir):
@@ -98,7 +99,7 @@ def test_python_api_and_cli_runner(triton, shell_env):
     run = perf.run(f"{args} {budget('')}")
     assert run.ok and [r["concurrency"] for r in run.results] == [1, 2]
     assert "c=1" in run.table() and "c=2" in run.table()
-    proc = subprocess.run([str(procs.venv_bin() / "python"), "-m", "servelab.triton_local", "perf", "--json", "--",
+    proc = subprocess.run([str(procs.venv_bin() / "python"), "-m", "servelab.triton", "perf", "--json", "--",
                            *shlex.split(args.replace("1:2", "1")), *shlex.split(budget(""))],
                           env=shell_env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -111,7 +112,7 @@ def test_env_exports_let_the_real_binary_start(shell_env):
     bare = subprocess.run([str(real), "--help"], env=shell_env, capture_output=True, text=True, timeout=60)
     # Without the set-up the binary cannot start (unless the system has libb64/CUDA itself).
     needs_setup = "error while loading shared libraries" in bare.stderr
-    exports = subprocess.run([str(procs.venv_bin() / "python"), "-m", "servelab.triton_local", "env"],
+    exports = subprocess.run([str(procs.venv_bin() / "python"), "-m", "servelab.triton", "env"],
                              env=shell_env, capture_output=True, text=True, timeout=60, check=True).stdout
     assert "LD_LIBRARY_PATH" in exports
     after = subprocess.run(["bash", "-c", f'eval "$1"; {shlex.quote(str(real))} --help', "_", exports],
@@ -123,7 +124,7 @@ def test_env_exports_let_the_real_binary_start(shell_env):
 
 def test_setup_command_is_idempotent(shell_env):
     for _ in range(2):
-        proc = subprocess.run([str(procs.venv_bin() / "python"), "-m", "servelab.triton_local", "setup"],
+        proc = subprocess.run([str(procs.venv_bin() / "python"), "-m", "servelab.triton", "setup"],
                               env=shell_env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
     assert perf.shim_installed()

@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servelab import perf, procs, triton_local
+from servelab import perf, procs
+from servelab.triton import ADMIN_KEY_ENV, GRPC_ADMIN_HEADER, load_config, reload_model, stats_delta
+from servelab.triton.process import _stub_from
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -35,7 +37,7 @@ def test_instance_count_reload_shows_in_config_and_processes(triton):
     stubs = triton.wait_for_stubs("food_classifier", 2)
     assert sorted(s.instance for s in stubs) == ["food_classifier_0_0", "food_classifier_0_1"]
     # The runtime file says the same as Triton.
-    on_disk = triton_local.load_config(triton.repo / "food_classifier")
+    on_disk = load_config(triton.repo / "food_classifier")
     assert on_disk.instance_group[0].count == 2
     assert triton.http_client().is_model_ready("food_classifier")
 
@@ -59,7 +61,7 @@ def test_bad_image_in_a_dynamic_batch_fails_alone(triton, sample_b64, reference)
     images = [sample_b64[n] for n in names]
     bad_at = 2
     images.insert(bad_at, base64.b64encode(b"GIF89a but not really an image"))
-    before = triton.model_stats("food_classifier")
+    before = triton.snapshot("food_classifier")
     errors, results = [None] * len(images), [None] * len(images)
     threads = [threading.Thread(target=_infer_images, args=(triton.url, images, errors, results, i))
                for i in range(len(images))]
@@ -67,14 +69,14 @@ def test_bad_image_in_a_dynamic_batch_fails_alone(triton, sample_b64, reference)
         t.start()
     for t in threads:
         t.join(timeout=120)
-    delta = triton_local.stats_delta(before, triton.model_stats("food_classifier"))
+    delta = stats_delta(before, triton.snapshot("food_classifier"))
     assert errors[bad_at] is not None and errors[bad_at].status() == "400"
     assert "not_an_image" in errors[bad_at].message()
     good = [r for i, r in enumerate(results) if i != bad_at]
     assert good == [reference["pt"][n].label for n in names]
     assert all(e is None for i, e in enumerate(errors) if i != bad_at)
     # The requests really were served together (the bad one included).
-    assert max(delta["batch_sizes"]) > 1, delta
+    assert max(delta["batch_histogram"]) > 1, delta
     log = triton.log_path.read_text()
     assert "served a batch of" in log
 
@@ -84,16 +86,16 @@ def test_dynamic_batching_under_poisson_load_with_perf_analyzer(triton):
     assert "dynamic_batching" not in triton.model_config(model)
     reported = triton.reload_model(model, {"dynamic_batching": {"max_queue_delay_microseconds": 20000}})
     assert int(reported["dynamic_batching"]["max_queue_delay_microseconds"]) == 20000
-    before = triton.model_stats(model)
+    before = triton.snapshot(model)
     run = perf.run(
         f"-u {triton.url} -m {model} -b 1 --shape input:3,224,224 --request-rate-range 80 "
         "--request-distribution poisson --measurement-mode count_windows --measurement-request-count 40 "
         "--stability-percentage 999 --max-trials 3", timeout=180)
-    delta = triton_local.stats_delta(before, triton.model_stats(model))
+    delta = stats_delta(before, triton.snapshot(model))
     assert run.ok
-    assert delta["fail_count"] == 0
-    assert max(delta["batch_sizes"]) > 1, delta
-    assert delta["avg_batch"] > 1.0
+    assert delta["failures"] == 0
+    assert max(delta["batch_histogram"]) > 1, delta
+    assert delta["avg_batch_size"] > 1.0
     assert run.results[0]["server"]["avg_batch"] > 1.0
 
 
@@ -101,12 +103,12 @@ def test_an_override_sticks_until_the_files_change(triton):
     model = "food_classifier_onnx"
     # Like the lab's container: send the config with load_model (no file access).
     edit = {"max_batch_size": 8, "dynamic_batching": {"preferred_batch_size": [8]}}
-    reported = triton_local.reload_model(model, edit, grpc_url=triton.grpc_url,
-                                         admin_key=triton.admin_key, via="override", verbose=False)
+    reported = reload_model(model, edit, grpc_url=triton.grpc_url,
+                            admin_key=triton.admin_key, via="override", verbose=False)
     assert reported["max_batch_size"] == 8
     # A plain load_model does not go back to the file ...
     client = triton.grpc_client()
-    client.load_model(model, headers={triton_local.GRPC_ADMIN_HEADER: triton.admin_key})
+    client.load_model(model, headers={GRPC_ADMIN_HEADER: triton.admin_key})
     assert triton.model_config(model)["max_batch_size"] == 8
     # ... the helper's re-sync from models_staging/ does (it rewrites the file).
     reported = triton.reload_model(model)
@@ -118,8 +120,8 @@ def test_a_refused_reload_leaves_the_file_as_it_was(triton):
     model = "food_classifier_onnx"
     before = (triton.repo / model / "config.pbtxt").read_text()
     with pytest.raises(InferenceServerException):
-        triton_local.reload_model(model, {"max_batch_size": 4}, grpc_url=triton.grpc_url, admin_key="nope",
-                                  repo=triton.repo, source=triton.source, gpus=0, via="file", verbose=False)
+        reload_model(model, {"max_batch_size": 4}, grpc_url=triton.grpc_url, admin_key="nope",
+                     repo=triton.repo, source=triton.source, gpus=0, via="file", verbose=False)
     assert (triton.repo / model / "config.pbtxt").read_text() == before
     assert triton.model_config(model)["max_batch_size"] == 16
 
@@ -128,10 +130,10 @@ def test_reload_cli_finds_the_server_and_its_key(triton):
     """`servelab triton reload` from another process: the key comes from the
     state file the server wrote (mode 0600)."""
     assert triton.state_file is not None and oct(triton.state_file.stat().st_mode & 0o777) == "0o600"
-    cmd = [str(procs.venv_bin() / "python"), "-m", "servelab.triton_local", "reload", "food_classifier_onnx",
+    cmd = [str(procs.venv_bin() / "python"), "-m", "servelab.triton", "reload", "food_classifier_onnx",
            "--grpc-url", triton.grpc_url, "--dynamic-batching", "--preferred-batch-size", "4", "8"]
     env = procs.child_env()
-    env.pop(triton_local.ADMIN_KEY_ENV, None)
+    env.pop(ADMIN_KEY_ENV, None)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "dynamic_batching on" in proc.stdout
@@ -157,7 +159,7 @@ def test_stop_is_clean(triton):
     assert forced == []  # nothing had to be killed or removed by force
     assert not Path(f"/proc/{pid}").exists()
     for stub in stubs:
-        assert not Path(f"/proc/{stub.pid}").exists() or triton_local._stub_from(stub.pid) is None
+        assert not Path(f"/proc/{stub.pid}").exists() or _stub_from(stub.pid) is None
     assert not list(Path("/dev/shm").glob(f"{prefix}*"))
     assert not state.exists()
     for port in (triton.http_port, triton.grpc_port, triton.metrics_port):

@@ -10,7 +10,15 @@ import urllib.request
 import numpy as np
 import pytest
 
-from servelab import food11, paths, triton_local
+from servelab import food11, paths
+from servelab.triton import (
+    GRPC_ADMIN_HEADER,
+    HTTP_ADMIN_HEADER,
+    RUNNER_PARAMETER,
+    config_to_dict,
+    load_config,
+    reload_model,
+)
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -49,14 +57,14 @@ def test_both_models_ready_over_http_and_grpc(triton):
 
 def test_reported_configs_keep_the_labs_io(triton):
     for name in ("food_classifier", "food_classifier_onnx"):
-        source = triton_local.config_to_dict(triton_local.load_config(paths.MODELS_STAGING / name))
+        source = config_to_dict(load_config(paths.MODELS_STAGING / name))
         reported = triton.model_config(name)
         for key in ("input", "output"):
             assert [(t["name"], t["data_type"], t["dims"]) for t in reported[key]] == \
                    [(t["name"], t["data_type"], t["dims"]) for t in source[key]]
         assert reported["max_batch_size"] == 16
     onnx_cfg = triton.model_config("food_classifier_onnx")
-    assert onnx_cfg["parameters"][triton_local.RUNNER_PARAMETER]["string_value"] == "onnxruntime"
+    assert onnx_cfg["parameters"][RUNNER_PARAMETER]["string_value"] == "onnxruntime"
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -155,18 +163,18 @@ def test_unknown_model_is_a_client_error(triton, sample_b64):
 
 def test_repository_api_needs_the_admin_key(triton):
     http, grpc = triton.http_client(), triton.grpc_client()
-    for headers in (None, {triton_local.HTTP_ADMIN_HEADER: "wrong-key"}):
+    for headers in (None, {HTTP_ADMIN_HEADER: "wrong-key"}):
         err = _error_of(lambda: http.load_model("food_classifier_onnx", headers=headers))
         assert err.status() == "403" and "restricted" in err.message()
         err = _error_of(lambda: http.unload_model("food_classifier_onnx", headers=headers))
         assert err.status() == "403"
-    for headers in (None, {triton_local.GRPC_ADMIN_HEADER: "wrong-key"}):
+    for headers in (None, {GRPC_ADMIN_HEADER: "wrong-key"}):
         err = _error_of(lambda: grpc.load_model("food_classifier_onnx", headers=headers))
         assert "restricted" in err.message() or "PERMISSION" in str(err.status()) or "UNAVAILABLE" in str(err.status())
     # The kit's helper without the key is refused too, and nothing changed.
     with pytest.raises(InferenceServerException):
-        triton_local.reload_model("food_classifier_onnx", {"max_batch_size": 8}, grpc_url=triton.grpc_url,
-                                  admin_key="wrong-key", via="override", verbose=False)
+        reload_model("food_classifier_onnx", {"max_batch_size": 8}, grpc_url=triton.grpc_url,
+                     admin_key="wrong-key", via="override", verbose=False)
     assert triton.model_config("food_classifier_onnx")["max_batch_size"] == 16
     # Inference and config reads stay open.
     assert http.is_model_ready("food_classifier_onnx")

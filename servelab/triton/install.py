@@ -1,0 +1,104 @@
+"""The installed binary: tritonserver 2.51 and its Python backend from
+nvidia-pytriton 0.7.0, the environment it runs in, and the lab's defaults
+for reaching it (ports, admin key headers)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from servelab import procs
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_HTTP_PORT = 8000
+DEFAULT_GRPC_PORT = 8001
+DEFAULT_METRICS_PORT = 8002
+# A short exit timeout: Triton otherwise waits 30 s for idle keep-alive clients.
+EXIT_TIMEOUT_S = 3
+ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
+HTTP_ADMIN_HEADER = "admin-key"
+GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
+
+
+class TritonError(RuntimeError):
+    """The local Triton could not be found, started or driven."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    root: Path  # .../site-packages/pytriton/tritonserver
+
+    @property
+    def server(self) -> Path:
+        return self.root / "bin" / "tritonserver"
+
+    @property
+    def python_backend(self) -> Path:
+        return self.root / "backends" / "python"
+
+    @property
+    def libs(self) -> Path:
+        return self.root.parent.parent / "nvidia_pytriton.libs"
+
+    def stub(self, version: tuple[int, int] | None = None) -> Path:
+        major, minor = version or sys.version_info[:2]
+        return self.root / "python_backend_stubs" / f"{major}.{minor}" / "triton_python_backend_stub"
+
+
+def find_install() -> TritonInstall:
+    """Locate tritonserver, the Python backend and the stub for this Python."""
+    try:
+        import pytriton
+    except ImportError as err:
+        raise TritonError("nvidia-pytriton is not installed: `pip install nvidia-pytriton==0.7.0`.") from err
+    install = TritonInstall(Path(pytriton.__file__).resolve().parent / "tritonserver")
+    for needed in (install.server, install.python_backend / "libtriton_python.so", install.libs):
+        if not needed.exists():
+            raise TritonError(f"{needed} is missing: reinstall nvidia-pytriton==0.7.0.")
+    if not install.stub().exists():
+        raise TritonError(
+            f"no Python-backend stub for Python {sys.version_info[0]}.{sys.version_info[1]} in "
+            f"{install.stub().parent.parent} (nvidia-pytriton 0.7.0 ships 3.8 to 3.13)."
+        )
+    return install
+
+
+def gpu_count() -> int:
+    """GPUs Triton could use here. ``SERVELAB_DEVICE=cpu`` forces 0."""
+    if os.environ.get("SERVELAB_DEVICE", "").strip().lower() == "cpu":
+        return 0
+    return len([p for p in Path("/dev").glob("nvidia[0-9]*") if p.name[6:].isdigit()])
+
+
+def perf_analyzer_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment in which the venv's real perf_analyzer starts (see servelab.perf)."""
+    from servelab import perf
+
+    return perf.perf_analyzer_env(base)
+
+
+def server_env(install: TritonInstall) -> dict[str, str]:
+    """The environment tritonserver (and its Python-backend stubs) run in."""
+    lib_path = [str(install.libs)]
+    # The stub embeds libpython: prefer the one that belongs to this
+    # interpreter (pyenv/conda builds) over a system copy of the same soname.
+    libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    if libdir and soname and (Path(libdir) / soname).exists():
+        lib_path.insert(0, libdir)
+    env = procs.child_env()
+    # OpenMP threads that wait by spinning stall a whole PyTorch forward pass
+    # whenever another process (perf_analyzer, Triton's own threads, a
+    # browser) takes one of the few cores: seen here under load, count 1 with
+    # 2 threads served 0.7 infer/s spinning vs 21.8 infer/s with PASSIVE.
+    # Export OMP_WAIT_POLICY yourself to choose otherwise.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    old = env.get("LD_LIBRARY_PATH")
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_path + ([old] if old else []))
+    # model.py imports servelab (food11): make the package importable in the stub.
+    package_root = str(Path(__file__).resolve().parent.parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env

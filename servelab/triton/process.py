@@ -1,0 +1,205 @@
+"""Processes around a local Triton: its Python-backend stubs, their shared
+memory, a clean shutdown, and the state file that lets
+``servelab triton reload/stop`` find a server started in another shell."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab import paths, procs
+from servelab.triton.install import GRPC_ADMIN_HEADER
+
+
+@dataclass(frozen=True)
+class StubProcess:
+    pid: int
+    model: str
+    instance: str
+    shm_region: str
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _stub_from(pid: int) -> StubProcess | None:
+    argv = _cmdline(pid)
+    if not argv or not argv[0].endswith("triton_python_backend_stub") or len(argv) < 9:
+        return None
+    # argv: stub model.py shm_region shm_size growth parent_pid lib_path ipc_handle instance_name ...
+    model = Path(argv[1]).parent.parent.name
+    return StubProcess(pid=pid, model=model, instance=argv[8], shm_region=argv[2])
+
+
+def stub_processes(server_pid: int, shm_prefix: str | None = None) -> list[StubProcess]:
+    """Stub processes of one server: its children, or (after it died)
+    any stub whose shared-memory region carries this server's prefix."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        stub = _stub_from(pid)
+        if stub is None:
+            continue
+        if _ppid(pid) == server_pid or (shm_prefix and stub.shm_region.startswith(shm_prefix)):
+            found.append(stub)
+    return sorted(found, key=lambda s: s.instance)
+
+
+# --------------------------------------------------------------------------
+# Clean shutdown
+# --------------------------------------------------------------------------
+
+def terminate(pid: int, shm_prefix: str, timeout: float, proc: subprocess.Popen | None = None) -> list[str]:
+    """Stop a server: SIGTERM, wait, SIGKILL (procs.stop_group), then reap
+    its stubs by PID and remove its shared-memory regions. Returns what
+    had to be forced."""
+    forced = []
+    stubs = {s.pid for s in stub_processes(pid, shm_prefix)}
+    # SIGTERM goes to the server alone: it stops its own stubs.
+    if procs.stop_group(pid, timeout, proc=proc, leader_only=True):
+        forced.append(f"tritonserver {pid} (SIGKILL after {timeout:.0f} s)")
+    # Stubs that outlived the server (a hung stub ignores SIGTERM).
+    stubs |= {s.pid for s in stub_processes(pid, shm_prefix)}
+    forced += _kill_stubs(stubs)
+    forced += _remove_shm(shm_prefix)
+    return forced
+
+
+def _kill_stubs(stubs: set[int]) -> list[str]:
+    killed = []
+    for stub in stubs:
+        if procs.pid_alive(stub) and _stub_from(stub) is not None:
+            try:
+                os.kill(stub, signal.SIGKILL)
+                killed.append(f"stub {stub}")
+            except ProcessLookupError:
+                pass
+    for stub in stubs:
+        for _ in range(50):
+            if not procs.pid_alive(stub):
+                break
+            time.sleep(0.02)
+    return killed
+
+
+def _remove_shm(shm_prefix: str) -> list[str]:
+    removed = []
+    if shm_prefix:
+        for region in Path("/dev/shm").glob(f"{shm_prefix}*"):
+            try:
+                region.unlink()
+                removed.append(f"shm {region.name}")
+            except OSError:
+                pass
+    return removed
+
+
+def unload_all(grpc_url: str, admin_key: str | None, timeout: float = 30.0) -> None:
+    """Unload every loaded model before SIGTERM. On SIGTERM Triton first
+    waits (up to --exit-timeout-secs) for open client connections, and if
+    that uses up the timeout it exits with Python models still loaded,
+    leaving their stub processes behind. Unloaded models have no stubs."""
+    try:
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(grpc_url)
+        headers = {GRPC_ADMIN_HEADER: admin_key} if admin_key else None
+        try:
+            _unload_models(client, headers, timeout)
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - best effort; terminate() does the rest
+        pass
+
+
+def _unload_models(client, headers: dict | None, timeout: float) -> None:
+    def index() -> list[dict]:
+        return client.get_model_repository_index(headers=headers, as_json=True).get("models", [])
+
+    names = [m["name"] for m in index() if m.get("state") == "READY"]
+    threads = [threading.Thread(target=_quiet, args=(client.unload_model, name),
+                                kwargs={"headers": headers, "client_timeout": timeout}, daemon=True)
+               for name in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    # unload_model returns when the unload starts: wait until the stubs are gone.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(m.get("state") in ("READY", "UNLOADING") for m in index()):
+            break
+        time.sleep(0.1)
+
+
+def _quiet(fn, *args, **kwargs) -> None:
+    try:
+        fn(*args, **kwargs)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """preexec_fn: SIGTERM the server if the process that started it dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------
+# State file: lets `servelab triton reload/stop` find a server started elsewhere
+# --------------------------------------------------------------------------
+
+def state_path(http_port: int) -> Path:
+    return paths.BUILD_DIR / "triton" / f"run-{http_port}.json"
+
+
+def read_state(http_port: int | None = None, grpc_port: int | None = None) -> dict | None:
+    """The state of a running local Triton, by HTTP or gRPC port."""
+    folder = paths.BUILD_DIR / "triton"
+    candidates = [state_path(http_port)] if http_port else sorted(folder.glob("run-*.json"))
+    for path in candidates:
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if grpc_port and state.get("grpc_port") != grpc_port:
+            continue
+        if procs.pid_alive(state.get("pid", -1)) and "tritonserver" in " ".join(_cmdline(state["pid"])):
+            return state
+    return None
+
+
+def write_state(path: Path, state: dict) -> bool:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{path}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds the admin key
+        with os.fdopen(fd, "w") as f:
+            json.dump(state, f, indent=2)
+        os.replace(f"{path}.tmp", path)
+        return True
+    except OSError:
+        return False
