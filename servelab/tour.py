@@ -7,9 +7,18 @@ models, Flask UI) on free loopback ports, then runs, in order:
 2. Triton, Python-backend model (``food_classifier``): closed loop at
    concurrency 1, 8, 16 with one instance, then again with two instances
    (reconfigured by reloading the model through Triton's repository API).
-3. Triton, ONNX model (``food_classifier_onnx``): open loop at a rate chosen
-   from its measured service time (utilization ~0.7), constant and Poisson
-   arrivals, without and then with dynamic batching (again a reload).
+3. Triton, ONNX model (``food_classifier_onnx``): its service time and the
+   batch-cost curve S(b) (raw ONNX Runtime and through Triton); open loop
+   at a rate chosen from the service time (utilization ~0.7), constant and
+   Poisson arrivals, without and then with dynamic batching; then a Poisson
+   load sweep from 0.5x to 2x one instance's unbatched capacity, batching off
+   and on, against the queueing model's prediction from S(b).
+
+Every run is warmed first (after the start and after every reload) and
+checked for validity (late sends, a saturated client, other work on the
+machine); an invalid run is repeated once and otherwise reported as
+inconclusive. Each lesson is a check, ✔ / ✘ / inconclusive, shown in the
+report beside its figure; a ✘ repeats its experiment once.
 
 It writes ``results/<timestamp>/`` with ``report.md`` (summary table, plots,
 queueing-model comparison), ``results.json``, ``results.csv`` and the PNGs,
@@ -31,7 +40,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servelab import paths
+from servelab import evidence, paths
 from servelab.bench import load, queueing, table, targets
 from servelab.bench.load import Result
 from servelab.bench.triton import HostCPUObserver, TritonObserver
@@ -53,6 +62,10 @@ class TourConfig:
     open_seconds: float = 8.0       # each open-loop run
     utilization: float = 0.7        # target rho for the open-loop runs
     timeout: float = 120.0          # per request: queues at 16 clients can be long on a slow CPU
+    arrival_seconds: float = 5.0    # each ONNX arrival-pattern run
+    sweep_seconds: float = 3.0      # each point of the load sweep
+    sweep_factors: tuple[float, ...] = (0.5, 0.8, 1.0, 1.4, 2.0)  # x one instance's unbatched capacity
+    repeat_budget_s: float = 170.0  # no repeats (invalid runs, ✘ checks) once the tour has run this long
     out: Path | None = None
 
     def n(self, x: int) -> int:
@@ -71,6 +84,20 @@ class Tour:
     comparisons: list[queueing.Comparison] = field(default_factory=list)
     facts: dict = field(default_factory=dict)
     log: object = print
+    checks: list = field(default_factory=list)         # evidence.Check, in order
+    discarded: list[Result] = field(default_factory=list)  # runs of an experiment that was repeated
+    batch_runs: list[Result] = field(default_factory=list)  # S(b) through Triton
+    arrivals: dict = field(default_factory=dict)
+    sweep: dict = field(default_factory=dict)
+    model_curves: dict = field(default_factory=dict)
+    t0: float = field(default_factory=time.perf_counter)
+
+    def time_left(self) -> bool:
+        return time.perf_counter() - self.t0 < self.cfg.repeat_budget_s * max(self.cfg.scale, 0.25)
+
+    def attempts(self) -> int:
+        """Runs allowed for one measurement: one repeat of an invalid run while time allows."""
+        return 2 if self.time_left() else 1
 
     def add(self, group: str, r: Result) -> Result:
         self.results.append(r)
@@ -97,22 +124,58 @@ def _server_ms(r: Result) -> float:
 # The experiments
 # --------------------------------------------------------------------------
 
+def _health(url: str) -> dict:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=10) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return {}
+
+
 def fastapi_experiment(t: Tour, urls: dict) -> None:
     cfg = t.cfg
     t.log("  1. FastAPI: PyTorch vs ONNX, sequential and 16 concurrent clients")
-    for name, key in (("FastAPI PyTorch", "fastapi_pt"), ("FastAPI ONNX", "fastapi_onnx")):
-        target = targets.FastAPITarget(urls[key], timeout=cfg.timeout)
-        seq = t.add(name, load.run(target, load.sequential(cfg.n(cfg.seq_requests), warmup=3),
-                                   [HostCPUObserver()], f"{name} · sequential"))
-        c16 = t.add(name, load.run(target, load.closed(16, requests=cfg.n(cfg.concurrent_requests)),
-                                   [HostCPUObserver()], f"{name} · C=16"))
-        s1 = seq.latency["mean_ms"]
-        t.comparisons.append(queueing.Comparison(
-            f"{name} C=16", "16 x S(1): one model at a time", 16 * s1, c16.latency["mean_ms"]))
-    pt, onnx = t.groups["FastAPI PyTorch"], t.groups["FastAPI ONNX"]
-    t.facts["fastapi_onnx_vs_pt_sequential"] = onnx[0].throughput / pt[0].throughput
-    t.facts["fastapi_onnx_vs_pt_c16"] = onnx[1].throughput / pt[1].throughput
-    t.facts["fastapi_pt_c16_vs_seq"] = pt[1].throughput / pt[0].throughput
+
+    def measure() -> list:
+        for name, key in (("FastAPI PyTorch", "fastapi_pt"), ("FastAPI ONNX", "fastapi_onnx")):
+            target = targets.FastAPITarget(urls[key], timeout=cfg.timeout)
+            workers = int(_health(urls[key]).get("workers") or 1)
+            load.warm(target, requests=2 * workers, concurrency=workers)
+            seq = t.add(name, load.run_checked(target, load.sequential(cfg.n(cfg.seq_requests), warmup=3),
+                                               lambda: [HostCPUObserver()], f"{name} · sequential",
+                                               attempts=t.attempts(), log=t.log))
+            c16 = t.add(name, load.run_checked(target, load.closed(16, requests=cfg.n(cfg.concurrent_requests)),
+                                               lambda: [HostCPUObserver()], f"{name} · C=16",
+                                               attempts=t.attempts(), log=t.log))
+            # The service runs `workers` inferences at once (one per core): a
+            # closed loop of 16 then waits about 16 / workers service times.
+            s1 = seq.latency["mean_ms"]
+            pred = queueing.closed_loop(16, s1 / 1000, workers)["latency_s"] * 1000
+            t.facts[f"{key}_workers"] = workers
+            t.comparisons.append(queueing.Comparison(
+                f"{name} C=16", f"max(1, 16/k) x S(1), k = {workers} inferences at once", pred,
+                c16.latency["mean_ms"]))
+        pt, onnx = t.groups["FastAPI PyTorch"], t.groups["FastAPI ONNX"]
+        t.facts["fastapi_onnx_vs_pt_sequential"] = onnx[0].throughput / pt[0].throughput
+        t.facts["fastapi_onnx_vs_pt_c16"] = onnx[1].throughput / pt[1].throughput
+        t.facts["fastapi_pt_c16_vs_seq"] = pt[1].throughput / pt[0].throughput
+        f = t.facts
+        return [
+            evidence.check("fastapi_onnx_faster", "fastapi", f["fastapi_onnx_vs_pt_sequential"] > 1.0,
+                           "the ONNX Runtime service answers more requests per second than the PyTorch one "
+                           "(sequential requests)",
+                           f"ONNX {onnx[0].throughput:.1f} vs PyTorch {pt[0].throughput:.1f} req/s "
+                           f"(×{f['fastapi_onnx_vs_pt_sequential']:.2f})", [pt[0], onnx[0]]),
+            evidence.check("fastapi_queueing", "fastapi",
+                           pt[1].latency["mean_ms"] > 3 * pt[0].latency["mean_ms"],
+                           "16 clients against one service make requests queue: mean latency grows several "
+                           "times, throughput does not grow 16×",
+                           f"PyTorch mean {pt[0].latency['mean_ms']:.1f} ms sequential vs "
+                           f"{pt[1].latency['mean_ms']:.1f} ms with 16 clients; throughput "
+                           f"×{f['fastapi_pt_c16_vs_seq']:.2f}", [pt[0], pt[1]]),
+        ]
+
+    evidence.experiment(t, "FastAPI", measure, t.time_left)
 
 
 def triton_python_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_url: str) -> None:
@@ -128,10 +191,12 @@ def triton_python_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_ur
             grpc_url=grpc_url, verbose=False)
         got = sum(int(g.get("count", 1)) for g in reported.get("instance_group", []))
         t.log(f"    reloaded: Triton reports {got} instance(s)")
+        load.warm(target, requests=4 * instances, concurrency=2 * instances)  # every new instance runs once
         for c in cfg.concurrency:
-            obs = TritonObserver(triton_url, PY_MODEL, metrics_url=metrics_url)
-            t.add(group, load.run(target, load.closed(c, duration=cfg.s(cfg.triton_seconds), warmup=max(2, c)),
-                                  [obs], f"{group} · C={c}"))
+            t.add(group, load.run_checked(
+                target, load.closed(c, duration=cfg.s(cfg.triton_seconds), warmup=max(2, c)),
+                lambda: [TritonObserver(triton_url, PY_MODEL, metrics_url=metrics_url)], f"{group} · C={c}",
+                attempts=t.attempts(), log=t.log))
         rs = t.groups[group]
         s1 = rs[0].latency["mean_ms"]
         for r in rs[1:]:
@@ -142,65 +207,56 @@ def triton_python_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_ur
     one, two = t.groups["Triton Python · 1 instance"], t.groups["Triton Python · 2 instances"]
     for i, c in enumerate(cfg.concurrency):
         t.facts[f"triton_py_2v1_throughput_c{c}"] = two[i].throughput / one[i].throughput
+    checks = python_checks(t)
+    t.checks.extend(checks)
+    for ch in checks:
+        t.log(f"    {ch.symbol} {ch.expect} — {ch.saw}")
     # Leave the model as the lab starts it.
     triton.reload_model(PY_MODEL, {"instance_group": [{"count": 1, "kind": "KIND_CPU"}]},
                         grpc_url=grpc_url, verbose=False)
 
 
+def python_checks(t: Tour) -> list:
+    """The queueing lessons of section 2, on one instance's runs."""
+    rs = {int(r.pattern["concurrency"]): r for r in t.groups.get("Triton Python · 1 instance", [])}
+    out = []
+    if 8 in rs:
+        pr = (rs[8].server or {}).get("per_request_ms", {})
+        q, inf = pr.get("queue", 0.0), pr.get("compute_infer", 0.0)
+        out.append(evidence.check(
+            "python_queue_c8", "python", q > inf,
+            "with 8 clients and one model instance, requests spend most of their server time in the queue",
+            f"queue {q:.1f} ms vs compute {inf:.1f} ms per request", [rs[8]]))
+    if 8 in rs and 16 in rs:
+        ratio = rs[16].latency["p50_ms"] / rs[8].latency["p50_ms"]
+        out.append(evidence.check(
+            "python_latency_c16", "python", ratio > 1.3,
+            "twice the clients, about twice the latency: each request waits for the ones ahead of it",
+            f"median latency ×{ratio:.2f} from 8 to 16 clients", [rs[8], rs[16]]))
+    return out
+
+
 def triton_onnx_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_url: str) -> None:
+    """Section 3: S(b), arrivals with batching off and on, the load sweep
+    (``servelab.evidence.onnx_batching``)."""
     from servelab import triton
 
     cfg = t.cfg
-    target = targets.triton_target(triton_url, ONNX_MODEL, timeout=cfg.timeout)
-    t.log(f"  3. Triton {ONNX_MODEL}: constant vs Poisson arrivals, without and with dynamic batching")
-    triton.reload_model(ONNX_MODEL, {"dynamic_batching": None}, grpc_url=grpc_url, verbose=False)
-    probe = t.add("ONNX probe", load.run(target, load.sequential(cfg.n(cfg.probe_requests), warmup=3),
-                                         [TritonObserver(triton_url, ONNX_MODEL)],
-                                         "Triton ONNX · sequential probe"))
-    s_server = _server_ms(probe) / 1000            # what queues: the model's compute
-    l1 = probe.latency["mean_ms"] / 1000           # unloaded latency seen by the client
-    rate = round(cfg.utilization / s_server, 1)
-    t.facts.update(onnx_service_ms=s_server * 1000, onnx_unloaded_ms=l1 * 1000, onnx_rate=rate,
-                   onnx_rho=rate * s_server)
-    t.log(f"    service time S(1) = {s_server * 1000:.2f} ms -> offered load {rate:g} req/s (rho {rate * s_server:.2f})")
-    runs: dict[tuple[str, str], Result] = {}
-    for batching in ("off", "on"):
-        if batching == "on":
-            reported = triton.reload_model(ONNX_MODEL, {"dynamic_batching": {}}, grpc_url=grpc_url,
-                                           verbose=False)
-            t.log(f"    reloaded with dynamic_batching: {json.dumps(reported.get('dynamic_batching', {}))}")
-        group = f"Triton ONNX · batching {batching}"
-        for dist in ("constant", "poisson"):
-            obs = TritonObserver(triton_url, ONNX_MODEL, metrics_url=metrics_url)
-            pat = load.open_loop(rate, dist, duration=cfg.s(cfg.open_seconds), warmup=10, seed=11)
-            runs[(batching, dist)] = t.add(group, load.run(target, pat, [obs], f"{group} · {dist} {rate:g}/s",
-                                                           progress=None))
-    # Queueing model. Without batching: M/D/1 for Poisson, no wait for constant.
-    for dist in ("constant", "poisson"):
-        wq = queueing.md1_wait(rate, s_server) if dist == "poisson" else queueing.dd1_wait(rate, s_server)
-        t.comparisons.append(queueing.Comparison(
-            f"ONNX {dist}, no batching", "M/D/1 wait + unloaded latency" if dist == "poisson"
-            else "no wait (D/D/1) + unloaded latency", (l1 + wq) * 1000, runs[("off", dist)].latency["mean_ms"]))
-    # With batching: S(b) = a + c*b fitted from the executions Triton timed.
-    points: dict[int, tuple[float, int]] = {1: (s_server, probe.server["executions"])}
-    for dist in ("constant", "poisson"):
-        srv = runs[("on", dist)].server
-        for b, ms in srv["per_batch_ms"].items():
-            n = srv["batch_histogram"][b]
-            old_s, old_n = points.get(int(b), (0.0, 0))
-            points[int(b)] = ((old_s * old_n + ms / 1000 * n) / (old_n + n), old_n + n)
-    a, c = queueing.fit_batch_service(points)
-    t.facts.update(onnx_fit_a_ms=a * 1000, onnx_fit_c_ms=c * 1000,
-                   onnx_pred_batch=queueing.batched_batch_size(rate, a, c))
-    pred_b = (l1 - s_server + queueing.batched_response(rate, a, c)) * 1000
-    t.comparisons.append(queueing.Comparison("ONNX poisson, batching", "half a batch wait + S(b*)", pred_b,
-                                             runs[("on", "poisson")].latency["mean_ms"]))
-    t.comparisons.append(queueing.Comparison("ONNX constant, batching", "no wait (D/D/1) + unloaded latency",
-                                             l1 * 1000, runs[("on", "constant")].latency["mean_ms"]))
-    for key, r in runs.items():
-        t.facts[f"onnx_{key[0]}_{key[1]}_avg_batch"] = r.server.get("avg_batch_size")
-        t.facts[f"onnx_{key[0]}_{key[1]}_p99_ms"] = r.latency["p99_ms"]
-    triton.reload_model(ONNX_MODEL, {"dynamic_batching": None}, grpc_url=grpc_url, verbose=False)
+    t.log(f"  3. Triton {ONNX_MODEL}: batch cost S(b), arrivals and dynamic batching, load sweep")
+    plan = evidence.BatchingPlan(
+        probe_requests=cfg.n(cfg.probe_requests), arrival_seconds=cfg.s(cfg.arrival_seconds),
+        sweep_seconds=cfg.s(cfg.sweep_seconds), sweep_factors=cfg.sweep_factors, utilization=cfg.utilization,
+        batch_requests=cfg.n(10), raw_repeats=cfg.n(7), timeout=min(cfg.timeout, 10.0))
+
+    def reload(model, edit):
+        return triton.reload_model(model, edit, grpc_url=grpc_url, verbose=False)
+
+    try:
+        evidence.onnx_batching(t, triton_url, reload, plan,
+                               observer=lambda: [TritonObserver(triton_url, ONNX_MODEL)],
+                               attempts=t.attempts, can_repeat=t.time_left)
+    finally:  # leave the model as the lab starts it
+        reload(ONNX_MODEL, {"dynamic_batching": None})
 
 
 # --------------------------------------------------------------------------
@@ -238,6 +294,16 @@ def _plots(t: Tour) -> dict[str, str]:
         save("onnx_latency_cdf.png", plots.latency_cdf, onnx, title="Triton ONNX: latency CDF by arrivals and batching")
         save("onnx_batch_histogram.png", plots.batch_histogram, onnx, title="Triton ONNX: batch sizes executed")
         save("onnx_queue_compute.png", plots.queue_vs_compute, onnx, title="Triton ONNX: queue vs compute per request")
+    if t.sweep:
+        save("onnx_sweep_latency.png", plots.load_sweep, t.sweep, model=t.model_curves,
+             bound_ms=t.facts.get("sweep_bound_ms"),
+             title="Triton ONNX: latency vs offered load (Poisson), measured and model")
+        save("onnx_sweep_throughput.png", plots.throughput_vs_offered, t.sweep,
+             title="Triton ONNX: throughput vs offered load")
+    curves = {k: v for k, v in (("raw ONNX Runtime", t.facts.get("batch_cost_raw_s")),
+                                ("through Triton", t.facts.get("batch_cost_triton_s"))) if v}
+    if curves:
+        save("onnx_batch_cost.png", plots.batch_cost, curves)
     if t.comparisons:
         save("queueing_model.png", plots.predicted_vs_measured, t.comparisons)
     return files
@@ -267,11 +333,87 @@ def _fmt(x, d=1) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{d}f}"
 
 
+def _checks_table(t: Tour, section: str) -> list[str]:
+    """'What you should see / what this run saw' for one section's checks."""
+    cs = [c for c in t.checks if c.section == section]
+    if not cs:
+        return []
+    out = ["| what you should see | what this run saw | |", "|---|---|---|"]
+    for c in cs:
+        saw = c.saw
+        if c.repeated and c.earlier:
+            saw += f" (repeated once: first attempt {evidence.SYMBOL[c.earlier[0]['status']]})"
+        if c.status == evidence.FAIL and c.cause:
+            saw += f". Likely cause: {c.cause}"
+        out.append(f"| {c.expect} | {saw.replace('|', '/')} | {c.symbol} |")
+    return [*out, ""]
+
+
+def _batch_cost_text(t: Tour) -> list[str]:
+    f = t.facts
+    raw, tri = f.get("batch_cost_raw_s") or {}, f.get("batch_cost_triton_s") or {}
+    if not raw and not tri:
+        return []
+    out = ["First the fact that decides what dynamic batching can do: the time one execution of a batch of b "
+           "takes, S(b), and the time per image, S(b)/b.", "",
+           "| b | raw ONNX Runtime S(b) ms | S(b)/b ms | through Triton S(b) ms | S(b)/b ms |", "|---:|---:|---:|---:|---:|"]
+    for b in sorted(set(raw) | set(tri), key=int):
+        r, q = raw.get(b), tri.get(b)
+        out.append(f"| {b} | {_fmt(r and 1000 * r, 2)} | {_fmt(r and 1000 * r / int(b), 2)} | "
+                   f"{_fmt(q and 1000 * q, 2)} | {_fmt(q and 1000 * q / int(b), 2)} |")
+    gain = f.get("batch_gain_per_image")
+    out += ["", f"Raw: ONNX Runtime in the tour's own process with {f.get('batch_cost_threads')} threads (what "
+            "one Triton instance gets here). Through Triton: client batches sent one at a time, timed by "
+            "Triton's per-batch statistics, so S(b) includes what the backend adds per execution.", ""]
+    if gain:
+        out += [f"Through Triton an image costs {gain:.2f}× less in a batch of 16 than alone. "
+                + ("That is little: on this CPU the work grows almost linearly with the batch, so batching "
+                   "cannot add much capacity; it mostly makes each request wait for the others in its batch. "
+                   if gain < 1.5 else
+                   "Batches are markedly cheaper per image here, so batching adds capacity. ")
+                + "On a GPU a batch of 16 costs little more than one image (the earlier lab's P100: "
+                "656.6 inferences/s in client batches of 16 vs 51.5 unbatched, though that figure decoded only one "
+                "image per request; ONNX at 1 instance 138.4 infer/s): there S(b)/b falls steeply and dynamic "
+                "batching multiplies what one instance serves.", ""]
+    out += ["![batch cost](onnx_batch_cost.png)", ""]
+    return out
+
+
+def _sweep_text(t: Tour) -> list[str]:
+    f = t.facts
+    if not t.sweep:
+        return []
+    out = [f"Offered loads {', '.join(f'{x:g}×' for x in t.cfg.sweep_factors)} one instance's unbatched capacity "
+           f"1/S(1) = {f['onnx_capacity']:.1f} req/s, each {t.cfg.s(t.cfg.sweep_seconds):g} s, batching on then "
+           "off. Past capacity the queue grows: at most 32 requests are kept in flight and later arrivals "
+           "are dropped (counted), so an overloaded run ends on time. Dashed and dotted lines: the model's p50 "
+           "and p99 (plus the unloaded client overhead); hollow circles: invalid runs; x: runs that dropped "
+           "requests or timed out.", "",
+           "| offered req/s | batching | served req/s | p50 ms | p99 ms | avg batch | dropped | timed out/failed | valid |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    for name, rs in t.sweep.items():
+        for r in rs:
+            out.append(f"| {r.pattern['rate']:g} | {name.split()[-1]} | {r.throughput:.1f} | "
+                       f"{r.latency['p50_ms']:.1f} | {r.latency['p99_ms']:.1f} | {_fmt(r.server and r.server.get('avg_batch_size'), 2)} | "
+                       f"{r.dropped} | {r.error_count} | {'yes' if r.valid else 'no'} |")
+    sus, pred = f.get("sweep_sustained", {}), f.get("sweep_predicted", {})
+    out += ["", f"Sustained load: the highest offered load whose p99 stays within {f['sweep_bound_ms']:.0f} ms "
+            "(10× the unloaded latency) with nothing dropped, interpolated between sweep points; the model's "
+            "figure is the same bound applied to its simulated p99.", "",
+            "| configuration | measured req/s | model req/s | gap |", "|---|---:|---:|---:|"]
+    for key, name in (("off", "batching off"), ("on", "batching on")):
+        m, p = sus.get(key), pred.get(key)
+        gap = f"{100 * (m - p) / p:+.0f} %" if m and p else "-"
+        out.append(f"| {name} | {_fmt(m)} | {_fmt(p)} | {gap} |")
+    return [*out, ""]
+
+
 def write_report(t: Tour, meta: dict) -> Path:
     files = _plots(t)
     load.save_json(t.results, t.out / "results.json")
     load.save_csv(t.results, t.out / "results.csv")
     (t.out / "queueing.json").write_text(json.dumps([c.as_dict() for c in t.comparisons], indent=1))
+    (t.out / "checks.json").write_text(json.dumps([c.as_dict() for c in t.checks], indent=1))
     f = t.facts
     L = [f"# ServeLab tour — {meta['started']}", "",
          f"Machine: {meta['machine']}. Weights: **{meta['weights']}**"
@@ -291,16 +433,27 @@ def write_report(t: Tour, meta: dict) -> Path:
         k = f"triton_py_2v1_throughput_c{c}"
         if k in f:
             L.append(f"- Triton Python model, 2 instances vs 1 at concurrency {c}: {f[k]:.2f}× throughput.")
-    if "onnx_rate" in f:
-        L.append(f"- Triton ONNX at {f['onnx_rate']:g} req/s (S(1) = {f['onnx_service_ms']:.2f} ms, utilization "
-                 f"{f['onnx_rho']:.2f}): p99 {_fmt(f['onnx_off_constant_p99_ms'])} ms constant vs "
-                 f"{_fmt(f['onnx_off_poisson_p99_ms'])} ms Poisson without batching; with dynamic batching "
-                 f"{_fmt(f['onnx_on_constant_p99_ms'])} / {_fmt(f['onnx_on_poisson_p99_ms'])} ms, average batch "
-                 f"{_fmt(f['onnx_on_constant_avg_batch'], 2)} (constant) / {_fmt(f['onnx_on_poisson_avg_batch'], 2)} (Poisson).")
+    if "sweep_sustained" in f:
+        sus, pred = f["sweep_sustained"], f["sweep_predicted"]
+        L.append(f"- Triton ONNX, highest Poisson load held with p99 ≤ {f['sweep_bound_ms']:.0f} ms: "
+                 f"{_fmt(sus.get('off'))} req/s without batching (model {pred['off']:.1f}), "
+                 f"{_fmt(sus.get('on'))} req/s with dynamic batching (model {pred['on']:.1f}); "
+                 f"one instance's unbatched capacity 1/S(1) = {f['onnx_capacity']:.1f} req/s.")
     if "flask" in meta:
         L.append(f"- Flask UI smoke test (`GET /test` through the FastAPI backend): {meta['flask']}.")
+    n_inc = sum(c.status == evidence.INCONCLUSIVE for c in t.checks)
+    n_bad = sum(not r.valid for r in t.results)
+    L += ["", "## Lesson checks", "",
+          f"{sum(c.status == evidence.PASS for c in t.checks)} ✔, {sum(c.status == evidence.FAIL for c in t.checks)} ✘, "
+          f"{n_inc} inconclusive, of {len(t.checks)} checks; {n_bad} of {len(t.results)} runs invalid."]
+    if n_bad:
+        L.append("A run is invalid when the client missed its schedule (> 1 % late sends or event-loop ticks), "
+                 "its loop thread used > 90 % of a core, or other work on the machine used > 0.25 core: "
+                 "its figures are not evidence, and the checks that rest on it say *inconclusive: the machine "
+                 "was busy*. Run the tour again on a quiet machine.")
     L += ["", "## 1. FastAPI: PyTorch vs ONNX", "",
           "![latency CDF](fastapi_latency_cdf.png)", "", "![throughput](fastapi_throughput.png)", "",
+          *_checks_table(t, "fastapi"),
           "## 2. Triton, Python backend: concurrency and instances", "",
           "Each point is a closed loop: C clients, each sending its next request when the last returns. "
           "With one instance, requests queue; a second instance helps only if the CPU has room for it "
@@ -308,30 +461,42 @@ def write_report(t: Tour, meta: dict) -> Path:
           "![latency](triton_python_latency.png)", "", "![throughput](triton_python_throughput.png)", "",
           "![queue vs compute](triton_python_queue_compute.png)", "",
           "![utilization](triton_python_utilization.png)", "",
-          "## 3. Triton, ONNX model: arrivals and dynamic batching", "",
+          *_checks_table(t, "python"),
+          "## 3. Triton, ONNX model: what a batch costs, arrivals, dynamic batching", "",
+          *_batch_cost_text(t),
           "Open loop at a fixed rate: requests go out on schedule whatever the server does, and latency counts "
-          "from the scheduled time. Poisson arrivals come in bursts, constant ones evenly spaced.", "",
+          "from the scheduled time. Poisson arrivals come in bursts, constant ones evenly spaced. The same rate "
+          "is measured without batching (the baseline) and with it.", "",
           "![latency CDF](onnx_latency_cdf.png)", "", "![batch sizes](onnx_batch_histogram.png)", "",
           "![queue vs compute](onnx_queue_compute.png)", "",
+          *_checks_table(t, "onnx"),
+          "### Load sweep: Poisson arrivals from half to twice one instance's capacity", "",
+          *_sweep_text(t),
+          "![latency vs offered load](onnx_sweep_latency.png)", "",
+          "![throughput vs offered load](onnx_sweep_throughput.png)", "",
+          *_checks_table(t, "sweep"),
           "## 4. Queueing model vs measurement", "",
           "S(1) is the measured mean latency at concurrency 1 (closed loop), or for the ONNX runs Triton's "
           "compute time per request at concurrency 1 (what requests queue for) plus the unloaded client latency.",
           "",
-          "- Closed loop, k instances: latency ≈ max(1, C/k)·S(1) (Little's law with C requests always in the system).",
+          "- FastAPI, closed loop of C clients against a service that runs k inferences at once (one per "
+          "core, k from its /health): latency ≈ max(1, C/k)·S(1). Assumes decoding is negligible next to "
+          "inference and the k inferences do not slow each other.",
+          "- Triton, closed loop, k instances: latency ≈ max(1, C/k)·S(1) (Little's law with C requests always "
+          "in the system). Assumes the instances have a core each.",
           "- Poisson arrivals at rate λ, one instance, ρ = λS: M/D/1 wait Wq = ρS / (2(1−ρ)); constant "
-          "arrivals below saturation wait 0.",
-          "- Dynamic batching: S(b) = a + c·b fitted from Triton's batch statistics "
-          + (f"(a = {f['onnx_fit_a_ms']:.2f} ms, c = {f['onnx_fit_c_ms']:.2f} ms per request); " if "onnx_fit_a_ms" in f else "; ")
-          + "batch b* = λa/(1−λc); a request waits about half a batch, then is served: W ≈ ρ_b·S(b*)/2 + S(b*).",
+          "arrivals below saturation wait 0. Assumes a constant service time and a server alone on its cores.",
+          "- Dynamic batching: a simulated queue (Poisson arrivals, one instance, first come first served) in "
+          "which a free instance takes every waiting request up to 16 and serves them in the *measured* S(b). "
+          "Assumes S(b) does not depend on load (the client shares the cores).",
           "", "| case | model | predicted ms | measured ms | gap |", "|---|---|---:|---:|---:|"]
     for c in t.comparisons:
         L.append(f"| {c.case} | {c.model} | {c.predicted_ms:.1f} | {c.measured_ms:.1f} | {c.gap_pct:+.0f}% |")
-    L += ["", "Gap = (measured − predicted) / predicted. Where it is large, the model's assumptions do not hold: "
-          "e.g. the FastAPI services decode images in parallel outside the model lock (less than C·S), CPU "
-          "instances share two cores (more than C/k·S), service times vary (M/D/1 assumes they do not).", "",
-          "![predicted vs measured](queueing_model.png)", "",
-          "## Files", "", "- `results.json` — every run, with per-request latencies; `results.csv` — the summary table;",
-          "- `queueing.json` — the model comparison; `*.png` — the plots above.", ""]
+    L += ["", "Gap = (measured − predicted) / predicted. Where it is large, the model's assumptions above do not hold.",
+          "", "![predicted vs measured](queueing_model.png)", "",
+          "## Files", "", "- `results.json` — every run, with per-request latencies and validity; `results.csv` — "
+          "the summary table;",
+          "- `queueing.json` — the model comparison; `checks.json` — the lesson checks; `*.png` — the plots above.", ""]
     report = t.out / "report.md"
     report.write_text("\n".join(L))
     return report
@@ -377,6 +542,10 @@ def run_tour(cfg: TourConfig, log=print, components=("fastapi_pt", "fastapi_onnx
     for c in tour.comparisons:
         log(f"  {c.case:<28} predicted {c.predicted_ms:8.1f} ms   measured {c.measured_ms:8.1f} ms   gap {c.gap_pct:+5.0f}%")
     log("")
+    log("Lesson checks:")
+    for c in tour.checks:
+        log(f"  {c.symbol:<12} {c.expect}")
+    log("")
     log(f"Report:  {report}")
     log(f"Data:    {out / 'results.json'}, {out / 'results.csv'}")
     log(f"Plots:   {', '.join(sorted(p.name for p in out.glob('*.png')))}")
@@ -412,8 +581,6 @@ def _cmd_tour(args) -> int:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="python -m servelab.tour")
-    sub = ap.add_subparsers(dest="command", required=True)
-    add_parser(sub)
-    ns = ap.parse_args(["tour", *sys.argv[1:]])
-    raise SystemExit(ns.func(ns))
+    from servelab import cli
+
+    raise SystemExit(cli.run_alone("servelab.tour", "tour"))

@@ -123,10 +123,10 @@ def _alive(pid: int | None) -> bool:
     return bool(pid) and ps is not None and ps.pid_exists(pid)
 
 
-def _tree_cpu(pids) -> float:
-    """CPU seconds (user + system) of ``pids`` and all their descendants."""
+def _tree_cpu(pids) -> dict[int, float]:
+    """CPU seconds (user + system) of each of ``pids`` and their descendants."""
     ps = _psutil()
-    total, seen = 0.0, set()
+    out: dict[int, float] = {}
     for pid in pids:
         try:
             root = ps.Process(pid)
@@ -134,15 +134,21 @@ def _tree_cpu(pids) -> float:
         except (ps.NoSuchProcess, ps.AccessDenied):
             continue
         for p in procs:
-            if p.pid in seen:
+            if p.pid in out:
                 continue
-            seen.add(p.pid)
             try:
                 t = p.cpu_times()
-                total += t.user + t.system
+                out[p.pid] = t.user + t.system
             except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess):
                 continue
-    return total
+    return out
+
+
+def _tree_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU used between two ``_tree_cpu`` readings. A process that started in
+    between counts all its time; one that ended is lost (its last reading is
+    unknown), so a reload during the window undercounts, never goes negative."""
+    return sum(max(0.0, t - before.get(pid, 0.0)) for pid, t in after.items())
 
 
 def _host_busy() -> float | None:
@@ -151,7 +157,10 @@ def _host_busy() -> float | None:
         return None
     t = ps.cpu_times()
     idle = t.idle + getattr(t, "iowait", 0.0)
-    return sum(t) - idle - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+    # guest time is already in user; interrupt handling is mostly our own
+    # loopback traffic (not charged to any process): neither is other work
+    skip = sum(getattr(t, k, 0.0) for k in ("guest", "guest_nice", "irq", "softirq"))
+    return sum(t) - idle - skip
 
 
 def _self_cpu() -> float:
@@ -186,9 +195,10 @@ class CPUMeter:
             out["server_cores"] = 0.0
             out["other_cores"] = max(0.0, out["host_cores"] - out["client_process_cores"])
         if self.srv0 is not None:
-            out["server_cores"] = (_tree_cpu(self.server_pids) - self.srv0) / wall
+            out["server_cores"] = _tree_delta(self.srv0, _tree_cpu(self.server_pids)) / wall
             if out["host_cores"] is not None:
-                out["other_cores"] = max(0.0, out["host_cores"] - out["client_process_cores"] - out["server_cores"])
+                out["other_cores"] = min(out["host_cores"], max(
+                    0.0, out["host_cores"] - out["client_process_cores"] - out["server_cores"]))
         return out
 
 
