@@ -10,8 +10,10 @@ import shutil
 
 import pytest
 
-from conftest import REPO_ROOT, base_kernel_env, notebook_text, run_notebook
 from servelab import lab
+
+from .nbkit import REPO_ROOT, base_kernel_env, notebook_text, run_notebook
+
 
 def _checks(text: str) -> tuple[list[str], list[str]]:
     passed = re.findall(rf"^{re.escape(lab.CHECK_PASS)}: (.*)$", text, re.M)
