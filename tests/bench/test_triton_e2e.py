@@ -4,7 +4,6 @@ its agreement with the real perf_analyzer on the same endpoint."""
 from __future__ import annotations
 
 import json
-import statistics
 
 import pytest
 
