@@ -5,16 +5,30 @@ It prints one row per check -- PASS, WARN, FAIL or SKIP -- with the fix for
 anything that is not a pass, and exits 1 when any check FAILs:
 
 * Docker engine reachable, Compose v2 plugin recent enough for the overrides;
-* NVIDIA container toolkit registered with Docker;
-* GPUs visible (count, compute capability, driver), and whether the versions
-  this kit pins (Triton image, torch wheels, onnxruntime-gpu) support them --
-  the pins are read from the Dockerfiles and requirements files themselves;
+* NVIDIA container toolkit registered with Docker, Docker's cgroup driver
+  (cgroupfs, against nvidia-container-toolkit issue 48), and a real
+  ``docker run --rm --gpus all ubuntu:24.04 nvidia-smi -L``;
+* GPUs visible (count, compute capability, driver branch and kernel module),
+  and whether the versions this kit pins (Triton image, torch wheels,
+  onnxruntime-gpu) support them -- the pins are read from the Dockerfiles and
+  requirements files themselves;
 * the stack's host ports free, disk space for the images;
 * model artifacts built (and loadable by Triton 24.10's ONNX Runtime);
 * the Triton image tags pinned and pulled; docker/.env holding the secrets.
 
-Every probe goes through a :class:`Host` (a PATH, a command runner), so the
-tests drive each check both ways with stand-in executables on a PATH.
+Every probe goes through a :class:`Host` (a PATH, a command runner, a root
+for /proc files), so the tests drive each check both ways with stand-in
+executables on a PATH. Standard library only: on the node it runs with the
+system ``python3`` (``python3 -m servelab.doctor``), no virtual environment.
+
+What a Pascal node (Tesla P100, compute capability 6.0) needs, and why:
+
+* Triton <= 24.10: the server supports cc 6.0 up to 24.12, but its ONNX
+  Runtime backend is built for sm_75+ from 24.11 on (25.01+: the server too).
+* Driver branch 560-580 with the proprietary kernel module: R590+ and the open
+  kernel modules do not support Pascal; Triton 24.10 needs >= 560 (or a
+  data-center R525/R535/R545 branch through CUDA forward compatibility); the
+  FastAPI images (CUDA 12.6 wheels, no forward-compat package) need >= 525.60.13.
 """
 
 from __future__ import annotations
@@ -42,9 +56,23 @@ STACK_PORTS = {  # host ports each Compose stack publishes
 }
 # ONNX Runtime 1.19.2 (inside Triton 24.10) reads ONNX IR <= 10, default-domain opset <= 21.
 ONNX_MAX_IR, ONNX_MAX_OPSET = 10, 21
-# Data-center driver branches that run CUDA 12.6 containers through forward compatibility.
-DATACENTER_COMPAT_BRANCHES = (470, 525, 535, 545)
+# Data-center driver branches that run the Triton 24.10 (CUDA 12.6) containers through forward
+# compatibility. (R470 too, but the FastAPI images need >= 525.60.13, so it is below the floor.)
+DATACENTER_COMPAT_BRANCHES = (525, 535, 545)
 TRITON_MIN_DRIVER = 560
+FASTAPI_MIN_DRIVER = (525, 60, 13)  # CUDA 12.x wheels in the FastAPI images: minor-version compatibility
+LAST_PASCAL_BRANCH = 580            # R590+ dropped Maxwell, Pascal and Volta
+LAST_P100_TRITON = "24.10"          # 24.11+: the ONNX Runtime backend has no sm_60 kernels
+PASCAL_DRIVER_FIX = ("install the proprietary driver of a 560-580 branch, e.g. sudo apt-get install -y "
+                     "nvidia-driver-570 (not an -open package, not 590 or newer), then sudo reboot; or start "
+                     "the server from CC-Ubuntu24.04-CUDA, which ships 560")
+DOCKER_GROUP_FIX = ("add yourself to the docker group: sudo usermod -aG docker $USER, then log out and in "
+                    "again (a new SSH session)")
+CGROUPFS_FIX = ("jq '. + {\"exec-opts\": [\"native.cgroupdriver=cgroupfs\"]}' /etc/docker/daemon.json "
+                "> /tmp/daemon.json && sudo mv /tmp/daemon.json /etc/docker/daemon.json "
+                "&& sudo systemctl restart docker   (notebook 2 does this)")
+SMOKE_IMAGE = "ubuntu:24.04"
+NVML_LOST = "Failed to initialize NVML: Unknown Error"
 
 
 @dataclass
@@ -66,24 +94,33 @@ class Gpu:
 class Host:
     """Where the checks look: a PATH for executables and a command runner."""
 
-    def __init__(self, path: str | None = None, timeout: float = 20.0):
+    def __init__(self, path: str | None = None, timeout: float = 20.0, root: str | os.PathLike = "/"):
         self.path = os.environ.get("PATH", "") if path is None else path
         self.timeout = timeout
+        self.root = Path(root)  # where /proc/... is read (a folder of stand-in files in the tests)
+
+    def read(self, path: str) -> str:
+        """A system file's text ("" when missing or unreadable)."""
+        try:
+            return (self.root / path.lstrip("/")).read_text()
+        except OSError:
+            return ""
 
     def which(self, exe: str) -> str | None:
         return shutil.which(exe, path=self.path)
 
-    def run(self, *cmd: str) -> tuple[int, str]:
+    def run(self, *cmd: str, timeout: float | None = None) -> tuple[int, str]:
         """(exit code, stdout+stderr); 127 when the program is missing."""
         exe = self.which(cmd[0])
         if exe is None:
             return 127, f"{cmd[0]}: not found"
         env = dict(os.environ, PATH=self.path)
+        timeout = timeout or self.timeout
         try:
             p = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True,
-                               timeout=self.timeout, env=env, stdin=subprocess.DEVNULL)
+                               timeout=timeout, env=env, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            return 124, f"{' '.join(cmd)}: no answer within {self.timeout:.0f} s"
+            return 124, f"{' '.join(cmd)}: no answer within {timeout:.0f} s"
         return p.returncode, (p.stdout + p.stderr).strip()
 
 
@@ -101,10 +138,11 @@ def check_docker(host: Host) -> Result:
         return Result(name, FAIL, "docker CLI not found on PATH",
                       "install Docker Engine (notebook 2_create_server_nvidia does it on the node)")
     rc, out = host.run("docker", "info", "--format", "{{.ServerVersion}}")
+    if rc != 0 and "permission denied" in out.lower():
+        return Result(name, FAIL, f"no permission to use Docker: {_first_line(out)}", DOCKER_GROUP_FIX)
     if rc != 0 or not out:
         return Result(name, FAIL, f"docker CLI found, engine not reachable: {_first_line(out)}",
-                      "sudo systemctl start docker; add yourself to the docker group: "
-                      "sudo usermod -aG docker $USER, then log in again")
+                      "sudo systemctl start docker; if it says permission denied: " + DOCKER_GROUP_FIX)
     return Result(name, PASS, f"engine {_first_line(out)}")
 
 
@@ -144,6 +182,50 @@ def check_nvidia_runtime(host: Host, cpu: bool = False) -> Result:
     if '"nvidia"' not in out:
         return Result(name, WARN, "toolkit installed but not registered as a Docker runtime", fix)
     return Result(name, PASS, "nvidia runtime registered with Docker")
+
+
+def check_cgroup_driver(host: Host, cpu: bool = False, engine_ok: bool = True) -> Result:
+    """cgroupfs keeps GPUs attached across `systemctl daemon-reload` (nvidia-container-toolkit issue 48)."""
+    name = "Docker cgroup driver"
+    if cpu:
+        return Result(name, SKIP, "only matters for GPU containers (--cpu)")
+    if not engine_ok:
+        return Result(name, SKIP, "needs the Docker engine (see above)")
+    rc, out = host.run("docker", "info", "--format", "{{.CgroupDriver}}")
+    driver = _first_line(out) if rc == 0 else ""
+    if driver == "cgroupfs":
+        return Result(name, PASS, "cgroupfs (GPUs stay attached after a systemd daemon-reload)")
+    if driver == "systemd":
+        return Result(name, WARN, "systemd: a `systemctl daemon-reload` (apt can trigger one) detaches the GPUs "
+                      f"from running containers ({NVML_LOST}; nvidia-container-toolkit issue 48)", CGROUPFS_FIX)
+    return Result(name, WARN, f"cannot tell: {_first_line(out) or 'no answer'}", CGROUPFS_FIX)
+
+
+def check_gpu_container(host: Host, cpu: bool = False, engine_ok: bool = True, timeout: float = 300.0) -> Result:
+    """The real thing: a container asks for every GPU and lists them."""
+    name = "GPUs inside a container"
+    cmd = ("docker", "run", "--rm", "--gpus", "all", SMOKE_IMAGE, "nvidia-smi", "-L")
+    if cpu:
+        return Result(name, SKIP, "not needed with the CPU override (--cpu)")
+    if not engine_ok:
+        return Result(name, SKIP, "needs the Docker engine (see above)")
+    rc, out = host.run(*cmd, timeout=timeout)  # the first run pulls the small ubuntu image
+    gpus = [line for line in out.splitlines() if line.startswith("GPU ")]
+    shown = " ".join(cmd)
+    if rc == 0 and gpus:
+        return Result(name, PASS, f"`{shown}` lists {len(gpus)} GPU(s)")
+    if NVML_LOST in out:
+        return Result(name, FAIL, f"`{shown}`: {NVML_LOST}",
+                      "the GPUs were detached from Docker (issue 48): switch to cgroupfs: " + CGROUPFS_FIX
+                      + "; then recreate the stack: docker compose -f docker/docker-compose-<stack>.yaml up -d "
+                      "--force-recreate")
+    if "permission denied" in out.lower():
+        return Result(name, FAIL, f"`{shown}`: {_first_line(out)}", DOCKER_GROUP_FIX)
+    if "could not select device driver" in out or "unknown runtime" in out:
+        return Result(name, FAIL, f"`{shown}`: {_first_line(out)}",
+                      "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker")
+    return Result(name, FAIL, f"`{shown}` exited {rc}: {_first_line(out) or 'no output'}",
+                  "check `nvidia-smi` on the node first, then the container toolkit (notebook 2)")
 
 
 # --------------------------------------------------------------------------
@@ -211,8 +293,13 @@ def pin_requirements(pins: Pins) -> list[tuple[str, tuple[int, int]]]:
     """(pinned thing, lowest compute capability it runs on), from the facts
     gathered for this kit (wheel and container release notes)."""
     reqs: list[tuple[str, tuple[int, int]]] = []
-    if pins.triton_tag:  # facts: 24.x support cc 6.0 (24.12 is the last); 25.01+ need 7.5
-        reqs.append((f"Triton {pins.triton_tag}", (6, 0) if pins.triton_tag <= "24.12" else (7, 5)))
+    if pins.triton_tag:  # the server runs on cc 6.0 up to 24.12, but its ONNX backend only up to 24.10
+        if pins.triton_tag <= LAST_P100_TRITON:
+            reqs.append((f"Triton {pins.triton_tag}", (6, 0)))
+        elif pins.triton_tag <= "24.12":
+            reqs.append((f"Triton {pins.triton_tag}'s ONNX Runtime backend", (7, 5)))
+        else:
+            reqs.append((f"Triton {pins.triton_tag}", (7, 5)))
     for url in pins.torch_indexes:
         flavour = url.rstrip("/").rsplit("/", 1)[-1]
         if flavour == "cpu":
@@ -224,9 +311,37 @@ def pin_requirements(pins: Pins) -> list[tuple[str, tuple[int, int]]]:
     return reqs
 
 
+def driver_verdict(driver: str, capability: tuple[int, int] = (6, 0), open_module: bool = False) -> tuple[str, str]:
+    """(status, why) for a driver version on a GPU of this compute capability."""
+    version = _vtuple(driver)
+    if not version:
+        return FAIL, f"driver version {driver!r} not understood"
+    branch = version[0]
+    old_gpu = capability < (7, 5)  # Maxwell, Pascal, Volta
+    if old_gpu and open_module:
+        return FAIL, "the open kernel module does not support this GPU (Turing and newer only)"
+    if old_gpu and branch > LAST_PASCAL_BRANCH:
+        return FAIL, f"R{branch} no longer supports this GPU (R{LAST_PASCAL_BRANCH} is the last branch for Pascal)"
+    if version < FASTAPI_MIN_DRIVER:
+        return FAIL, "too old: the FastAPI images' CUDA 12.6 libraries need >= 525.60.13"
+    if branch >= TRITON_MIN_DRIVER:
+        return PASS, f"R{branch}: Triton 24.10 needs >= {TRITON_MIN_DRIVER}; FastAPI images >= 525.60.13"
+    if branch in DATACENTER_COMPAT_BRANCHES:
+        return WARN, (f"R{branch} runs Triton 24.10 only through CUDA forward compatibility (data-center "
+                      f"GPUs); the lab is planned for {TRITON_MIN_DRIVER}-{LAST_PASCAL_BRANCH}")
+    return FAIL, f"R{branch}: Triton 24.10 needs >= {TRITON_MIN_DRIVER} (or data-center R525/R535/R545)"
+
+
 def driver_ok(driver: str) -> bool:
-    major = _vtuple(driver)[:1]
-    return bool(major) and (major[0] >= TRITON_MIN_DRIVER or major[0] in DATACENTER_COMPAT_BRANCHES)
+    return driver_verdict(driver)[0] != FAIL
+
+
+def kernel_module(host: Host) -> str:
+    """"open", "proprietary" or "" (unknown), from /proc/driver/nvidia/version."""
+    text = host.read("/proc/driver/nvidia/version")
+    if not text:
+        return ""
+    return "open" if "Open Kernel Module" in text else "proprietary"
 
 
 def check_gpus(host: Host, pins: Pins, cpu: bool = False) -> list[Result]:
@@ -248,20 +363,18 @@ def check_gpus(host: Host, pins: Pins, cpu: bool = False) -> list[Result]:
     if bad:
         lowest = min(g.capability for g in gpus)
         detail = "; ".join(f"{what} needs cc >= {need[0]}.{need[1]}" for what, need in bad)
-        results.append(Result("Pins support these GPUs", WARN,
+        results.append(Result("Pins support these GPUs", FAIL,
                               f"{detail} (lowest here: {lowest[0]}.{lowest[1]})",
-                              "for a P100 keep Triton <= 24.12, torch from the cu126 index, "
-                              "onnxruntime-gpu <= 1.26"))
+                              f"for a P100 keep Triton <= {LAST_P100_TRITON} (24.11+: the ONNX Runtime backend "
+                              "has no sm_60), torch from the cu126 index, onnxruntime-gpu <= 1.26"))
     else:
         what = ", ".join(w for w, _ in pin_requirements(pins)) or "no GPU pins found"
         results.append(Result("Pins support these GPUs", PASS, what))
     driver = gpus[0].driver
-    if driver_ok(driver):
-        results.append(Result("NVIDIA driver", PASS, f"{driver} (Triton 24.10 needs >= {TRITON_MIN_DRIVER} "
-                              "or data-center R470/R525/R535/R545)"))
-    else:
-        results.append(Result("NVIDIA driver", FAIL, f"{driver} is too old for CUDA 12.6 containers",
-                              "install nvidia-driver-560 or newer (CC-Ubuntu24.04-CUDA ships it)"))
+    module = kernel_module(host)
+    status, why = driver_verdict(driver, min(g.capability for g in gpus), open_module=module == "open")
+    detail = f"{driver}{f' ({module} kernel module)' if module else ''}: {why}"
+    results.append(Result("NVIDIA driver", status, detail, "" if status == PASS else PASCAL_DRIVER_FIX))
     return results
 
 
@@ -320,7 +433,8 @@ def check_artifacts(repo: Path, stacks: Sequence[str]) -> Result:
     missing = [str(p.relative_to(repo)) for p in wanted if not p.is_file()]
     if missing:
         return Result("Model artifacts", FAIL, f"missing: {', '.join(missing)}",
-                      "make models   (or .venv/bin/python -m servelab models build)")
+                      "on the node: docker compose -f docker/docker-compose-models.yaml run --rm models; "
+                      "locally: make models")
     return Result("Model artifacts", PASS, f"{len(wanted)} built")
 
 
@@ -448,7 +562,9 @@ def run_checks(host: Host | None = None, repo: Path | None = None, cpu: bool = F
     pins = read_pins(repo)
     results = [check_docker(host), check_compose(host), check_nvidia_runtime(host, cpu=cpu)]
     engine_ok = results[0].status == PASS
+    results.append(check_cgroup_driver(host, cpu=cpu, engine_ok=engine_ok))
     results += check_gpus(host, pins, cpu=cpu)
+    results.append(check_gpu_container(host, cpu=cpu, engine_ok=engine_ok))
     results.append(check_ports(ports if ports is not None else [p for s in stacks for p in STACK_PORTS[s]]))
     results.append(check_disk(docker_root(host) if engine_ok else Path("/var/lib/docker"), min_free_gb))
     results.append(check_artifacts(repo, stacks))
@@ -493,7 +609,7 @@ def process_list_note(mounts: Path = Path("/proc/mounts")) -> str:
             "/proc`) or run the lab on a host or account of its own. See docs/SECURITY.md.")
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
+def _cmd_doctor(args: argparse.Namespace) -> int:
     env_file = Path(args.env_file) if args.env_file else None
     if args.write_env:
         target = env_file or Path(args.repo or paths.REPO_ROOT) / "docker" / ".env"
@@ -527,11 +643,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(keeps values already set)")
     p.add_argument("--env-file", help=argparse.SUPPRESS)
     p.add_argument("--repo", help=argparse.SUPPRESS)
-    p.set_defaults(func=cmd_doctor)
+    p.set_defaults(func=_cmd_doctor)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # servelab.cli.run_alone's shape, kept here: doctor runs on a node's bare system python3.
     parser = argparse.ArgumentParser(prog="python -m servelab.doctor")
     sub = parser.add_subparsers(dest="command", required=True)
     add_parser(sub)

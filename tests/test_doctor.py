@@ -20,12 +20,29 @@ from servelab.doctor import FAIL, PASS, SKIP, WARN, Host
 P100S = "0, Tesla P100-PCIE-16GB, 6.0, 560.35.03\n1, Tesla P100-PCIE-16GB, 6.0, 560.35.03"
 
 
+SMOKE = {
+    "ok": 'echo "GPU 0: Tesla P100-PCIE-16GB (UUID: GPU-1)"; echo "GPU 1: Tesla P100-PCIE-16GB (UUID: GPU-2)"',
+    "nvml": 'echo "Failed to initialize NVML: Unknown Error"; exit 255',
+    "denied": ('echo "docker: permission denied while trying to connect to the Docker daemon socket at '
+               'unix:///var/run/docker.sock" >&2; exit 126'),
+    "no-toolkit": ('echo \'docker: Error response from daemon: could not select device driver "" with capabilities: '
+                   '[[gpu]].\' >&2; exit 125'),
+}
+
+
 def make_bin(tmp_path: Path, *, engine: bool = True, compose_version: str | None = "v2.40.3",
              nvidia_runtime: bool = True, images: bool = True, gpus: str | None = P100S,
-             smi_error: str | None = None, ctk: bool = True, docker: bool = True) -> Host:
-    """A folder of small shell scripts standing in for the host's tools."""
+             smi_error: str | None = None, ctk: bool = True, docker: bool = True,
+             cgroup: str = "cgroupfs", smoke: str = "ok", denied: bool = False,
+             module: str | None = "proprietary") -> Host:
+    """A folder of small shell scripts standing in for the host's tools (and a /proc of its own)."""
     bindir = tmp_path / "bin"
     bindir.mkdir(parents=True, exist_ok=True)
+    proc = tmp_path / "root" / "proc" / "driver" / "nvidia"
+    proc.mkdir(parents=True, exist_ok=True)
+    if module:
+        kind = "Open Kernel Module for x86_64" if module == "open" else "x86_64 Kernel Module"
+        (proc / "version").write_text(f"NVRM version: NVIDIA UNIX {kind}  560.35.03  Release Build\n")
 
     def script(name: str, body: str) -> None:
         p = bindir / name
@@ -36,6 +53,9 @@ def make_bin(tmp_path: Path, *, engine: bool = True, compose_version: str | None
         runtimes = '{"nvidia":{"path":"nvidia-container-runtime"},"runc":{"path":"runc"}}' if nvidia_runtime \
             else '{"runc":{"path":"runc"}}'
         down = 'echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock." >&2; exit 1'
+        if denied:
+            down = SMOKE["denied"]
+            engine = False
         compose_line = (f'echo "Docker Compose version {compose_version}"' if compose_version
                         else 'echo "docker: unknown command: docker compose" >&2; exit 1')
         script("docker", f"""case "$*" in
@@ -43,6 +63,8 @@ def make_bin(tmp_path: Path, *, engine: bool = True, compose_version: str | None
   "info --format {{{{.ServerVersion}}}}") {"echo 28.2.2" if engine else down} ;;
   "info --format {{{{json .Runtimes}}}}") {f"echo '{runtimes}'" if engine else down} ;;
   "info --format {{{{.DockerRootDir}}}}") {f"echo {tmp_path}" if engine else down} ;;
+  "info --format {{{{.CgroupDriver}}}}") {f"echo {cgroup}" if engine else down} ;;
+  "run --rm --gpus all ubuntu:24.04 nvidia-smi -L") {SMOKE[smoke] if engine else down} ;;
   "image inspect "*) {"exit 0" if images else 'echo "No such image" >&2; exit 1'} ;;
   *) echo "unexpected: $*" >&2; exit 2 ;;
 esac
@@ -54,7 +76,7 @@ esac
         script("nvidia-smi", f"printf '%s\\n' {lines}\n")  # shell builtins only: PATH is this folder
     if ctk:
         script("nvidia-ctk", "exit 0\n")
-    return Host(path=str(bindir))
+    return Host(path=str(bindir), root=tmp_path / "root")
 
 
 def by_name(results) -> dict[str, doctor.Result]:
@@ -72,6 +94,36 @@ def test_docker_engine(tmp_path):
     assert down.status == FAIL and "Cannot connect" in down.detail and "systemctl start docker" in down.fix
     up = doctor.check_docker(make_bin(tmp_path / "b"))
     assert up.status == PASS and "28.2.2" in up.detail
+    denied = doctor.check_docker(make_bin(tmp_path / "c", denied=True))
+    assert denied.status == FAIL and "permission denied" in denied.detail
+    assert denied.fix.startswith("add yourself to the docker group: sudo usermod -aG docker $USER")
+
+
+@pytest.mark.parametrize("driver, status", [("cgroupfs", PASS), ("systemd", WARN)])
+def test_cgroup_driver(tmp_path, driver, status):
+    r = doctor.check_cgroup_driver(make_bin(tmp_path, cgroup=driver))
+    assert r.status == status, r
+    if status == WARN:
+        assert "issue 48" in r.detail and "native.cgroupdriver=cgroupfs" in r.fix and "restart docker" in r.fix
+    assert doctor.check_cgroup_driver(make_bin(tmp_path / "x"), cpu=True).status == SKIP
+    assert doctor.check_cgroup_driver(make_bin(tmp_path / "y"), engine_ok=False).status == SKIP
+
+
+@pytest.mark.parametrize("smoke, status, fix", [
+    ("ok", PASS, ""),
+    ("nvml", FAIL, "native.cgroupdriver=cgroupfs"),
+    ("denied", FAIL, "sudo usermod -aG docker $USER"),
+    ("no-toolkit", FAIL, "nvidia-ctk runtime configure --runtime=docker"),
+])
+def test_gpus_inside_a_container(tmp_path, smoke, status, fix):
+    """The real `docker run --rm --gpus all ubuntu:24.04 nvidia-smi -L`, through a stand-in docker."""
+    r = doctor.check_gpu_container(make_bin(tmp_path, smoke=smoke))
+    assert r.status == status, r
+    assert fix in r.fix
+    if smoke == "ok":
+        assert "lists 2 GPU(s)" in r.detail
+    if smoke == "nvml":
+        assert "Failed to initialize NVML: Unknown Error" in r.detail and "--force-recreate" in r.fix
 
 
 @pytest.mark.parametrize("version, status", [("v2.40.3", PASS), ("v2.24.0", PASS), ("v2.20.2", FAIL),
@@ -119,10 +171,10 @@ def test_one_gpu_warns(tmp_path, pins):
     assert results["NVIDIA GPUs"].status == WARN and "gpus: [0]" in results["NVIDIA GPUs"].fix
 
 
-def test_maxwell_gpu_is_warned_about_the_triton_pin(tmp_path, pins):
+def test_maxwell_gpu_fails_on_the_triton_pin(tmp_path, pins):
     results = by_name(doctor.check_gpus(make_bin(tmp_path, gpus="0, Tesla M40, 5.2, 560.35.03"), pins))
     r = results["Pins support these GPUs"]
-    assert r.status == WARN
+    assert r.status == FAIL
     assert "Triton 24.10 needs cc >= 6.0" in r.detail and "onnxruntime-gpu 1.22.0" in r.detail
     assert "torch" not in r.detail  # cu126 wheels still run on 5.x
 
@@ -140,16 +192,56 @@ def test_newer_pins_are_warned_about_on_a_p100(tmp_path):
     newer = doctor.read_pins(repo)
     assert newer.triton_tag == "25.01" and newer.ort_gpu == "1.27.0"
     r = by_name(doctor.check_gpus(make_bin(tmp_path), newer))["Pins support these GPUs"]
-    assert r.status == WARN and "cu126" in r.fix
+    assert r.status == FAIL and "cu126" in r.fix and "Triton <= 24.10" in r.fix
     for what in ("Triton 25.01", "torch wheels cu128", "onnxruntime-gpu 1.27.0"):
         assert what in r.detail
 
 
-@pytest.mark.parametrize("driver, ok", [("560.35.03", True), ("575.51.03", True), ("535.183.01", True),
-                                        ("550.54.15", False), ("470.256.02", True), ("390.157", False)])
-def test_driver_versions(tmp_path, pins, driver, ok):
-    r = by_name(doctor.check_gpus(make_bin(tmp_path, gpus=f"0, Tesla P100-PCIE-16GB, 6.0, {driver}"), pins))
-    assert r["NVIDIA driver"].status == (PASS if ok else FAIL)
+# The verdicts the issue asks for (P100 = compute capability 6.0), plus the edges around them.
+DRIVER_VERDICTS = [
+    ("535.183.01", "proprietary", WARN),  # data-center R535: Triton 24.10 only via forward compatibility
+    ("560.35.03", "proprietary", PASS),   # CC-Ubuntu24.04-CUDA's driver
+    ("580.95.05", "proprietary", PASS),   # the last branch with Pascal
+    ("590.44.01", "proprietary", FAIL),   # R590+ dropped Pascal
+    ("570.195.03", "open", FAIL),         # open kernel modules: Turing and newer only
+    ("550.54.15", "proprietary", FAIL),   # not a forward-compatible branch for the 24.10 containers
+    ("525.60.13", "proprietary", WARN),   # the FastAPI images' floor, R525 forward compatibility for Triton
+    ("525.60.11", "proprietary", FAIL),   # below the FastAPI images' floor
+    ("470.256.02", "proprietary", FAIL),  # too old for the FastAPI images' CUDA 12.6 libraries
+]
+
+
+@pytest.mark.parametrize("driver, module, status", DRIVER_VERDICTS)
+def test_driver_verdicts_on_a_p100(tmp_path, pins, driver, module, status):
+    host = make_bin(tmp_path, gpus=f"0, Tesla P100-PCIE-16GB, 6.0, {driver}", module=module)
+    r = by_name(doctor.check_gpus(host, pins))["NVIDIA driver"]
+    assert r.status == status, r
+    assert f"({module} kernel module)" in r.detail
+    if status != PASS:
+        assert "nvidia-driver-570" in r.fix and "not an -open package" in r.fix and "not 590" in r.fix
+
+
+def test_r590_is_fine_on_a_newer_gpu(tmp_path, pins):
+    host = make_bin(tmp_path, gpus="0, Tesla T4, 7.5, 590.44.01", module="open")
+    assert by_name(doctor.check_gpus(host, pins))["NVIDIA driver"].status == PASS
+
+
+@pytest.mark.parametrize("tag, status", [("24.10", PASS), ("24.11", FAIL), ("24.12", FAIL), ("25.01", FAIL)])
+def test_triton_image_verdicts_on_a_p100(tmp_path, tag, status):
+    """24.10 is the last Triton whose ONNX Runtime backend has sm_60 kernels."""
+    repo = tmp_path / "repo"
+    for rel in ("docker/Dockerfile.triton", "docker/docker-compose-triton.yaml", "fastapi_pt/Dockerfile",
+                "fastapi_onnx/requirements.txt"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text((paths.REPO_ROOT / rel).read_text().replace("24.10", tag))
+    pins = doctor.read_pins(repo)
+    assert pins.triton_tag == tag
+    r = by_name(doctor.check_gpus(make_bin(tmp_path), pins))["Pins support these GPUs"]
+    assert r.status == status, r
+    if status == FAIL:
+        assert f"Triton {tag}" in r.detail and "needs cc >= 7.5" in r.detail
+        if tag < "25.01":
+            assert "ONNX Runtime backend" in r.detail
 
 
 def test_no_gpu(tmp_path, pins):
@@ -278,6 +370,8 @@ def test_a_ready_gpu_node_passes_everything(tmp_path, built_models):
     results = doctor.run_checks(host=make_bin(tmp_path), repo=paths.REPO_ROOT, min_free_gb=0, env_file=env,
                                 ports=[])
     assert {r.name: r.status for r in results if r.status != PASS} == {}
+    names = [r.name for r in results]
+    assert "Docker cgroup driver" in names and "GPUs inside a container" in names
     table = doctor.format_table(results)
     assert "0 failed" in table and "ready for the lab" in table
 
@@ -288,6 +382,7 @@ def test_a_cpu_host_skips_the_gpu_checks(tmp_path, built_models):
     results = by_name(doctor.run_checks(host=make_bin(tmp_path, gpus=None, ctk=False), cpu=True,
                                         min_free_gb=0, env_file=env, ports=[]))
     assert results["NVIDIA GPUs"].status == SKIP and results["NVIDIA container toolkit"].status == SKIP
+    assert results["GPUs inside a container"].status == SKIP and results["Docker cgroup driver"].status == SKIP
     assert all(r.status in (PASS, SKIP) for r in results.values())
 
 
@@ -324,3 +419,33 @@ def test_servelab_doctor_is_a_cli_subcommand():
                          text=True, timeout=60, cwd=paths.REPO_ROOT, env={**os.environ, "COLUMNS": "100"})
     assert out.returncode == 0, out.stderr
     assert "--cpu" in out.stdout and "--write-env" in out.stdout
+
+
+def test_doctor_runs_on_the_standard_library_alone(tmp_path):
+    """On the node it runs with the system python3 (no venv): no site-packages at all here (-S -E)."""
+    out = subprocess.run([sys.executable, "-S", "-E", "-m", "servelab.doctor", "--cpu", "--write-env",
+                          "--env-file", str(tmp_path / "x.env"), "--min-free-gb", "0"],
+                         capture_output=True, text=True, timeout=120, cwd=paths.REPO_ROOT)
+    assert "Traceback" not in out.stderr, out.stderr
+    assert "PASS  Secrets in docker/.env" in out.stdout
+    assert out.returncode in (0, 1)  # 1 here: no Docker engine on this machine
+
+
+def test_verdict_table_for_a_p100(tmp_path, pins, capsys):
+    """The table quoted in the closing note (printed with -s)."""
+    rows = []
+    for driver, module, status in DRIVER_VERDICTS[:5]:
+        host = make_bin(tmp_path / driver, gpus=f"0, Tesla P100-PCIE-16GB, 6.0, {driver}", module=module)
+        r = by_name(doctor.check_gpus(host, pins))["NVIDIA driver"]
+        rows.append((f"driver {driver} ({module})", r.status, r.detail.split(": ", 1)[1]))
+    for tag in ("24.10", "24.11"):
+        repo = tmp_path / f"repo{tag}"
+        for rel in ("docker/Dockerfile.triton", "docker/docker-compose-triton.yaml"):
+            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+            (repo / rel).write_text((paths.REPO_ROOT / rel).read_text().replace("24.10", tag))
+        r = by_name(doctor.check_gpus(make_bin(tmp_path / tag), doctor.read_pins(repo)))["Pins support these GPUs"]
+        rows.append((f"image tritonserver:{tag}-py3", r.status, r.detail))
+    print("\n| case (2x Tesla P100, cc 6.0) | verdict | why |\n|---|---|---|")
+    for case, status, why in rows:
+        print(f"| {case} | {status} | {why} |")
+    assert [r[1] for r in rows] == [WARN, PASS, PASS, FAIL, FAIL, PASS, FAIL]
