@@ -67,6 +67,14 @@ EXPECTED = {
          "triton_onnx (dynamic batching): 40 sent, 40 ok, 0 failed", "Triton: average batch", "verdict:"],
         lambda d: [r["sent"] for r in d["records"]] == [40, 40] and all("total" in r["growth"] for r in d["records"]),
     ),
+    "lesson_stability.py": (
+        [], {0},  # --tiny: one round of the tour's FastAPI part
+        ["Lesson checks, idle: 1 round(s)", "fastapi_onnx_faster", "fastapi_queueing",
+         "FastAPI PyTorch · sequential", "FastAPI ONNX · C=16", "valid runs:"],
+        lambda d: (d["rounds"] == 1 and len(d["idle"]["rounds"][0]["checks"]) == 2
+                   and all(c["status"] in ("pass", "fail", "inconclusive") for c in d["idle"]["rounds"][0]["checks"])
+                   and len(d["idle"]["rounds"][0]["runs"]) == 4),
+    ),
     "reload_under_load.py": (
         ["--model", "food_classifier_onnx"], {0},
         ["reload 1:", "reload 2:", "reload 3:", "latency: baseline", "verdict: PASS"],
