@@ -31,7 +31,7 @@ def _parse(path: Path) -> _Collect:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("site") / "site"
-    pages = site.build_site(out)
+    pages = site.build_site(out, reference_dir=None)  # the lessons alone; reference runs: below
     return out, pages
 
 
@@ -59,8 +59,8 @@ def test_code_cells_are_labelled_with_where_they_run(built):
             assert notebooks.runs_label(cell.source) is not None
         kinds = {kind for kind, _ in labels}
         runs = lessons.BY_SLUG[page.name].runs
-        if runs == "chameleon":
-            assert kinds == {"chameleon"}
+        if runs == "chameleon":  # its markdown may show a command for the node, too
+            assert "chameleon" in kinds and kinds <= {"chameleon", "node"}
             assert "Runs in the Chameleon Jupyter environment" in html
         if runs == "node":
             assert "node" in kinds and "Runs on node-serve-system" in html
@@ -116,3 +116,120 @@ def test_cli_writes_the_site(tmp_path, capsys):
     assert args.func(args) == 0
     assert (tmp_path / "s" / "index.html").exists()
     assert "pages and an index" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------
+# The reference run: executed notebooks rendered with outputs and plots
+
+LONG_COMMAND = ("perf_analyzer -u triton_server:8000 -m food_classifier --input-data input.json -b 1 "
+                "--concurrency-range 8 --measurement-mode count_windows --measurement-request-count 100 "
+                "--stability-percentage 20 --percentile 95 --verbose-csv -f results/this_is_a_long_file_name.csv")
+
+
+def _executed(name: str):
+    """notebooks/<name> with outputs like an execution leaves: text, a long line, a real PNG plot."""
+    import base64
+    import io
+
+    import matplotlib
+    import nbformat
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.plot([1, 8, 16], [30, 31, 30], marker="o")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    png = base64.b64encode(buf.getvalue()).decode()
+    nb = notebooks.build_notebook(notebooks.SOURCE_DIR / f"{name}.md", name)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    code[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text=LONG_COMMAND + "\n" + "x" * 400 + "\n")]
+    code[1].outputs = [nbformat.v4.new_output("display_data", data={"image/png": png, "text/plain": "<Figure>"})]
+    return nb
+
+
+@pytest.fixture(scope="module")
+def with_reference(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ref")
+    ref = base / "reference"
+    site.save_reference(_executed("6_triton"), "6_triton", reference_dir=ref, machine="testhost: 2 cores, no GPU")
+    out = base / "site"
+    pages = site.build_site(out, reference_dir=ref)
+    return out, pages
+
+
+def test_reference_page_shows_outputs_plots_and_its_label(with_reference):
+    out, pages = with_reference
+    assert "6_triton-reference" in [p.name for p in pages]
+    page = (out / "6_triton-reference.html").read_text()
+    assert page.count(site.REFERENCE_NOTE) >= 2                      # banner at the top and the bottom
+    assert "Machine: testhost: 2 cores, no GPU" in page and re.search(r"Date: \d{4}-\d\d-\d\dT", page)
+    assert '<pre class="output">' in page and LONG_COMMAND in page
+    imgs = [a["src"] for t, a in _parse(out / "6_triton-reference.html").tags if t == "img"]
+    assert imgs == ["img/6_triton-1.png"]
+    assert (out / imgs[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert 'href="6_triton-reference.html"' in (out / "6_triton.html").read_text()
+    assert 'href="6_triton-reference.html"' in (out / "index.html").read_text()
+    assert not (out / "4_fastapi-reference.html").exists()           # no reference for it: no page
+
+
+def test_no_reference_run_is_said_so(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    site.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["site", "--out", str(tmp_path / "s"), "--reference", str(tmp_path / "none")])
+    assert args.func(args) == 0
+    assert "no reference run in" in capsys.readouterr().out
+    assert "No reference run is included" in (tmp_path / "s" / "index.html").read_text()
+    assert not list((tmp_path / "s").glob("*-reference.html"))
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_pages_fit_1280_and_390_px_without_hidden_code(with_reference):
+    """Full-page Chromium screenshots of every page at 1280 and 390 px into build/site/screenshots/:
+    no page is wider than the window, and no code or output block hides text behind a scrollbar."""
+    import os
+
+    from playwright.sync_api import sync_playwright
+
+    from servelab import paths
+
+    chromium = os.environ.get("SERVELAB_CHROMIUM", "/usr/bin/chromium")
+    if not os.path.exists(chromium):
+        pytest.fail(f"{chromium} is missing: install Debian's chromium (`make sysdeps`)", pytrace=False)
+    out, _ = with_reference
+    shots = paths.BUILD_DIR / "site" / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    problems = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True,
+                                    args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            for width in (1280, 390):
+                page = browser.new_page(viewport={"width": width, "height": 900})
+                for html_file in sorted(out.glob("*.html")):
+                    page.goto(html_file.as_uri())
+                    page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
+                    metrics = page.evaluate("""() => ({
+                        doc: document.documentElement.scrollWidth, win: window.innerWidth,
+                        hidden: [...document.querySelectorAll('pre')]
+                            .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.slice(0, 60))})""")
+                    shot = shots / f"{html_file.stem}-{width}.png"
+                    page.screenshot(path=str(shot), full_page=True)
+                    shot_width, _ = _png_size(shot)
+                    if metrics["doc"] > metrics["win"] or shot_width > width:
+                        problems.append(f"{html_file.name} at {width}px: page {metrics['doc']}px wide, "
+                                        f"screenshot {shot_width}px")
+                    if metrics["hidden"]:
+                        problems.append(f"{html_file.name} at {width}px: text hidden in {metrics['hidden']}")
+                page.close()
+        finally:
+            browser.close()
+    assert problems == []
+    assert (shots / "6_triton-reference-390.png").exists() and (shots / "index-1280.png").exists()
