@@ -288,7 +288,6 @@ def test_artifacts(tmp_path):
 
 
 def _tiny_onnx(ir_version: int, opset: int) -> bytes:
-    import onnx
     from onnx import TensorProto, helper
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",

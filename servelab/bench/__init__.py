@@ -17,10 +17,30 @@ client), ``schedule`` (arrivals), ``stats``, ``triton`` (statistics and
 metrics), ``queueing`` (the model), ``plots``, ``cli``.
 """
 
-from servelab.bench.load import (Observer, Pattern, Result, closed, load_json, open_loop, run,
-                                 run_checked, save_csv, save_json, sequential, sweep, warm)
-from servelab.bench.targets import (FastAPITarget, HTTPTarget, TritonGRPCTarget, TritonHTTPTarget,
-                                    triton_image_target, triton_target, triton_tensor_target)
+from servelab.bench.load import (
+    Observer,
+    Pattern,
+    Result,
+    closed,
+    load_json,
+    open_loop,
+    run,
+    run_checked,
+    save_csv,
+    save_json,
+    sequential,
+    sweep,
+    warm,
+)
+from servelab.bench.targets import (
+    FastAPITarget,
+    HTTPTarget,
+    TritonGRPCTarget,
+    TritonHTTPTarget,
+    triton_image_target,
+    triton_target,
+    triton_tensor_target,
+)
 
 __all__ = [
     "FastAPITarget", "HTTPTarget", "Observer", "Pattern", "Result", "TritonGRPCTarget",
