@@ -7,11 +7,23 @@ code cell (and each shell block meant for the GPU host) carries a label saying
 where it runs; answer keys stay collapsed in ``<details>``. Everything is
 local: one stylesheet written beside the pages, no scripts, no fonts or assets
 from the network, so the site builds and reads offline.
+
+A **reference run** is added when one exists: notebooks executed against the
+kit's local stack (``build/reference/<name>.ipynb``, written by the notebook
+tests through :func:`save_reference`) are rendered with their outputs and
+plots as ``<name>-reference.html``, each labelled with the machine, the date
+and "CPU reference, your numbers will differ". Without one, the site builds
+as before and says so.
 """
 
 from __future__ import annotations
 
+import base64
+import datetime as _dt
 import html
+import json
+import os
+import platform
 import re
 import shutil
 import sys
@@ -21,6 +33,8 @@ from pathlib import Path
 from servelab import lessons, notebooks, paths
 
 DEFAULT_OUT = paths.BUILD_DIR / "site"
+REFERENCE_DIR = paths.BUILD_DIR / "reference"
+REFERENCE_NOTE = "CPU reference, your numbers will differ"
 SITE_TITLE = "ServeLab: system-level optimization of model serving"
 
 # Label text and CSS class for each "# runs ..." comment (servelab/lessons.py).
@@ -42,7 +56,15 @@ h1, h2, h3 { line-height: 1.25; }
 code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 0.92em; }
 :not(pre) > code { background: var(--bg-code); padding: 0.1em 0.3em; border-radius: 4px; }
 pre { background: var(--bg-code); border: 1px solid var(--line); border-radius: 6px; padding: 0.75rem 1rem;
-      overflow-x: auto; margin: 0; }
+      overflow-x: auto; margin: 0; white-space: pre-wrap; overflow-wrap: anywhere; }
+code, a { overflow-wrap: anywhere; }
+img { max-width: 100%; height: auto; }
+pre.output { background: #fff; border-style: dashed; font-size: 0.85rem; }
+.outputs { margin: 0.3rem 0 0 0; }
+.outputs img { display: block; margin: 0.4rem 0; border: 1px solid var(--line); }
+.reference-banner { border: 1px solid #c9a227; background: #fff8e1; border-radius: 6px; padding: 0.6rem 1rem; margin: 1rem 0; }
+.hand-in { border: 1px solid #1f7a4d; border-left: 4px solid #1f7a4d; background: #f3faf6; border-radius: 6px;
+           padding: 0.2rem 1rem; margin: 1rem 0; }
 .cell { margin: 1.1rem 0; }
 .runs { display: inline-block; font-size: 0.8rem; font-weight: 600; padding: 0.15rem 0.6rem;
         border-radius: 6px 6px 0 0; color: #fff; }
@@ -50,7 +72,7 @@ pre { background: var(--bg-code); border: 1px solid var(--line); border-radius: 
 .runs.chameleon { background: #6a4fb3; }
 .runs.node { background: #b35a1f; }
 .runs.container { background: #1f7a4d; }
-table { border-collapse: collapse; margin: 1rem 0; }
+table { border-collapse: collapse; margin: 1rem 0; display: block; max-width: 100%; overflow-x: auto; }
 th, td { border: 1px solid var(--line); padding: 0.35rem 0.6rem; text-align: left; vertical-align: top; }
 details { border: 1px solid var(--line); border-left: 4px solid var(--accent); border-radius: 6px;
           padding: 0.5rem 1rem; margin: 1rem 0; background: #fbfcfe; }
@@ -140,8 +162,9 @@ def _layout(title: str, body: str, nav: str = "") -> str:
     )
 
 
-def render_notebook(nb, md=None) -> tuple[str, list[str], int, int]:
-    """Body HTML of one notebook; also where its code runs, answer keys and code cells counted."""
+def render_notebook(nb, md=None, outputs=None) -> tuple[str, list[str], int, int]:
+    """Body HTML of one notebook; also where its code runs, answer keys and code cells counted.
+    ``outputs(cell)``, when given, renders a code cell's outputs (reference pages)."""
     md = md or _md()
     parts, where, answer_keys, code_cells = [], [], 0, 0
     for cell in nb.cells:
@@ -154,17 +177,21 @@ def render_notebook(nb, md=None) -> tuple[str, list[str], int, int]:
             for label in lessons.RUNS_LABELS:
                 if f"<span class=\"runs {WHERE[label][1]}\">" in rendered and label not in where:
                     where.append(label)
-            parts.append(f'<div class="cell markdown">\n{rendered}</div>')
+            css = "cell markdown hand-in" if "hand-in" in cell.metadata.get("tags", []) else "cell markdown"
+            parts.append(f'<div class="{css}">\n{rendered}</div>')
         elif cell.cell_type == "code":
             code_cells += 1
             label = notebooks.runs_label(cell.source)
             if label and label not in where:
                 where.append(label)
             parts.append(code_block(cell.source, "ipython3"))
+            if outputs is not None:
+                parts.append(outputs(cell))
     return "\n".join(parts), where, answer_keys, code_cells
 
 
-def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_DIR) -> list[Page]:
+def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_DIR,
+               reference_dir: Path | None = REFERENCE_DIR) -> list[Page]:
     from pygments.formatters import HtmlFormatter
 
     items = notebooks.notebooks(source_dir)
@@ -187,15 +214,117 @@ def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_
                      if i + 1 < len(built) else '<a href="index.html">Index &rarr;</a>')
         nav = f'<nav class="pager">{prev_link}{next_link}</nav>'
         filename = f"{item.name}.html"
+        reference = _reference_page(item.name, title, reference_dir, out_dir, md)
+        if reference:
+            body = (f'<p class="reference-banner">See <a href="{reference.filename}">a reference run of this '
+                    f'notebook</a> with its outputs and plots ({html.escape(REFERENCE_NOTE)}).</p>\n' + body)
         (out_dir / filename).write_text(_layout(title, body, nav), encoding="utf-8")
         pages.append(Page(item.name, title, filename, where, answer_keys, code_cells))
+        if reference:
+            pages.append(reference)
     (out_dir / "index.html").write_text(_index(pages), encoding="utf-8")
     return pages
 
 
+# --------------------------------------------------------------------------
+# Reference run: executed notebooks with their outputs
+
+
+def machine_description() -> str:
+    """This machine in one line: host, CPU model, cores, GPU or none."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    gpu = "no GPU" if shutil.which("nvidia-smi") is None else "nvidia-smi present"
+    return f"{platform.node()}: {cpu}, {cores} cores, {gpu}, {platform.system()} {platform.release()}"
+
+
+def save_reference(nb, name: str, reference_dir: Path = REFERENCE_DIR, machine: str | None = None) -> Path:
+    """Keep an executed notebook as the site's reference run for ``name``."""
+    import nbformat
+
+    reference_dir.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.from_dict(json.loads(nbformat.writes(nb)))  # a copy
+    nb.metadata["servelab_reference"] = {
+        "machine": machine or machine_description(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "note": REFERENCE_NOTE,
+    }
+    path = reference_dir / f"{name}.ipynb"
+    tmp = path.with_suffix(".ipynb.tmp")
+    tmp.write_text(nbformat.writes(nb), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _output_renderer(name: str, out_dir: Path):
+    images = out_dir / "img"
+    counter = [0]
+
+    def render(cell) -> str:
+        parts = []
+        for out in cell.get("outputs", []):
+            kind = out.get("output_type")
+            if kind == "stream":
+                parts.append(f'<pre class="output">{html.escape(_ANSI.sub("", out.get("text", "")))}</pre>')
+            elif kind in ("execute_result", "display_data"):
+                data = out.get("data", {})
+                if "image/png" in data:
+                    counter[0] += 1
+                    images.mkdir(exist_ok=True)
+                    png = f"{name}-{counter[0]}.png"
+                    (images / png).write_bytes(base64.b64decode(data["image/png"]))
+                    parts.append(f'<img src="img/{png}" alt="plot {counter[0]} of {html.escape(name)}">')
+                elif "text/plain" in data:
+                    parts.append(f'<pre class="output">{html.escape(_ANSI.sub("", data["text/plain"]))}</pre>')
+            elif kind == "error":
+                text = _ANSI.sub("", "\n".join(out.get("traceback", [])))
+                parts.append(f'<pre class="output error">{html.escape(text)}</pre>')
+        return f'<div class="outputs">{"".join(parts)}</div>' if parts else ""
+
+    return render
+
+
+def _reference_page(name: str, title: str, reference_dir: Path | None, out_dir: Path, md) -> Page | None:
+    """Render build/reference/<name>.ipynb, if there is one, as <name>-reference.html."""
+    import nbformat
+
+    path = (reference_dir / f"{name}.ipynb") if reference_dir else None
+    if path is None or not path.is_file():
+        return None
+    nb = nbformat.read(path, as_version=4)
+    info = nb.metadata.get("servelab_reference", {})
+    body, where, answer_keys, code_cells = render_notebook(nb, md, outputs=_output_renderer(name, out_dir))
+    banner = (f'<p class="reference-banner"><strong>Reference run: {html.escape(REFERENCE_NOTE)}.</strong> '
+              f'Machine: {html.escape(str(info.get("machine", "unknown")))}. '
+              f'Date: {html.escape(str(info.get("date", "unknown")))}. '
+              f'Executed against the kit\'s local stack by the notebook tests; '
+              f'<a href="{name}.html">the lesson page</a> has the text alone.</p>\n')
+    filename = f"{name}-reference.html"
+    nav = f'<nav class="pager"><a href="{name}.html">&larr; {html.escape(name)}</a><a href="index.html">Index &rarr;</a></nav>'
+    (out_dir / filename).write_text(_layout(f"{title} (reference run)", banner + body + banner, nav),
+                                    encoding="utf-8")
+    return Page(f"{name}-reference", f"{title}: reference run", filename, where, answer_keys, code_cells)
+
+
 def _index(pages: list[Page]) -> str:
     rows = []
+    references = [p for p in pages if p.name not in lessons.BY_SLUG]
     for page in pages:
+        if page.name not in lessons.BY_SLUG:
+            continue
         where = ", ".join(SHORT_WHERE[w] for w in page.where) or "reading only"
         rows.append(
             f'<li><span class="num">{html.escape(lessons.BY_SLUG[page.name].number)}</span>'
@@ -212,6 +341,16 @@ def _index(pages: list[Page]) -> str:
         "in the local Jupyter.</p>\n"
         '<ul class="notebooks">\n' + "\n".join(rows) + "\n</ul>"
     )
+    if references:
+        body += ("\n<h2>Reference runs</h2>\n<p>What to expect: notebooks executed against the kit's local "
+                 f"stack, with their outputs and plots ({html.escape(REFERENCE_NOTE)}).</p>\n<ul>\n"
+                 + "\n".join(f'<li><a href="{p.filename}">{html.escape(p.title)}</a></li>' for p in references)
+                 + "\n</ul>")
+    else:
+        body += ("\n<p class=\"where-list\">No reference run is included: none was found in "
+                 "<code>build/reference/</code>. The notebook tests write one "
+                 "(<code>pytest tests/notebooks/test_measurement_notebooks.py</code>); "
+                 "run <code>make site</code> again afterwards.</p>")
     return _layout(SITE_TITLE, body)
 
 
@@ -222,14 +361,23 @@ def _index(pages: list[Page]) -> str:
 def add_parser(sub) -> None:
     p = sub.add_parser("site", help="render the lab notebooks into a static HTML site (offline)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
+    p.add_argument("--reference", type=Path, default=None,
+                   help=f"folder of executed notebooks to show as the reference run (default: {REFERENCE_DIR})")
     p.set_defaults(func=_cmd_site)
 
 
 def _cmd_site(args) -> int:
     try:
-        pages = build_site(args.out)
+        reference = args.reference or REFERENCE_DIR
+        pages = build_site(args.out, reference_dir=reference)
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    refs = [p.name for p in pages if p.name not in lessons.BY_SLUG]
     print(f"wrote {len(pages)} pages and an index to {args.out}/ (open {args.out / 'index.html'})")
+    if refs:
+        print(f"reference runs included: {', '.join(refs)} (from {reference})")
+    else:
+        print(f"no reference run in {reference}: the site shows the lessons' text and code only "
+              "(the notebook tests write one: pytest tests/notebooks/test_measurement_notebooks.py)")
     return 0
