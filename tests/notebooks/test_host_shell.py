@@ -138,7 +138,10 @@ def test_host_commands_name_things_that_exist(name):
             rest = [a for a in argv[2:] if a not in ("-f",) and not a.startswith("-")
                     and not a.startswith(KIT_ON_NODE)]
             verb, targets = rest[0], rest[1:]
-            assert verb in ("up", "down", "ps", "logs", "build", "restart", "config", "stop", "pull"), verb
+            assert verb in ("up", "down", "ps", "logs", "build", "restart", "config", "stop", "pull", "run"), verb
+            if verb == "run":  # `run --rm SERVICE [ARGS...]`: the service, then its command's arguments
+                assert "--rm" in argv, "one-shot containers are removed after the run"
+                targets = targets[:1]
             for svc in targets:
                 assert svc in services, f"{svc} is not a service of {files}"
         elif argv[0] == "docker" and argv[1] in ("exec", "logs", "restart", "stats"):
@@ -150,12 +153,40 @@ def test_host_commands_name_things_that_exist(name):
         elif argv[0] == "make":
             for target in argv[1:]:
                 assert target in _make_targets(), f"make {target}: no such target"
-        elif argv[0].endswith("python") and argv[1:3] == ["-m", "servelab"]:
-            assert argv[0] == ".venv/bin/python", "the kit's venv on the node is .venv (made by make)"
-            _check_servelab_command(argv[3:])
+        elif "python" in argv[0] and "-m" in argv[:3]:
+            # No venv on the node: only the standard-library doctor runs on the node's own python3.
+            assert argv[:3] == ["python3", "-m", "servelab.doctor"], " ".join(argv)
+            _check_servelab_command(["doctor", *argv[3:]])
     if name in ("3_fastapi_setup", "5_triton_setup"):
         stack = "fastapi" if name.startswith("3") else "triton"
         assert compose_file(f"{KIT_ON_NODE}/docker/docker-compose-{stack}.yaml") in files_used
+
+
+NODE_NOTEBOOKS = ("2_create_server_nvidia", "3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton")
+MODELS_RUN = ["docker", "compose", "-f", f"{KIT_ON_NODE}/docker/docker-compose-models.yaml", "run", "--rm", "models"]
+
+
+def test_models_are_built_only_by_the_models_container():
+    """Notebooks 3 and 5 build the model files with `docker compose ... run --rm models`; nothing on the
+    node makes a Python environment (no venv, no make models, no pip)."""
+    for name in ("3_fastapi_setup", "5_triton_setup"):
+        assert MODELS_RUN in node_commands(name), name
+    for name in NODE_NOTEBOOKS:
+        for argv in node_commands(name):
+            line = " ".join(argv)
+            assert ".venv" not in line and "venv" not in argv and "virtualenv" not in line, (name, line)
+            assert argv[:1] != ["make"], (name, line)
+            assert "pip" not in argv and "pip3" not in argv and "python3-venv" not in line, (name, line)
+            if "models" in argv and "build" in argv and argv[:2] != ["docker", "compose"]:
+                raise AssertionError(f"{name}: models built outside the container: {line}")
+        nb = nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
+        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        assert ".venv" not in code and "make models" not in code, name
+
+
+def test_the_node_runs_the_doctor_with_its_system_python():
+    cmds = [c for n in ("3_fastapi_setup", "5_triton_setup") for c in node_commands(n) if "servelab.doctor" in c]
+    assert cmds and all(c[0] == "python3" for c in cmds)
 
 
 def test_setup_notebooks_use_the_stacks_published_ports():

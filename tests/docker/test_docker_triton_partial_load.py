@@ -1,0 +1,84 @@
+"""One model that fails to load must not take the Triton stack down.
+
+The Compose command (`--exit-on-error=false`, `--strict-readiness=false`) and
+the container's health check, run with the real Triton 2.51 binary (the 24.10
+container's server) on the CPU copy of the lab's repository. Locally that
+binary has no ONNX Runtime backend, so `food_classifier_onnx` really fails to
+load: Triton must keep running, serve `food_classifier`, report each model's
+readiness, and the health check must pass; with no model loadable, it fails."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from servelab import compose, procs
+
+from .dockerkit import REPO, render
+
+
+def _start(tmp_path, repo, command):
+    from servelab import triton
+
+    install = triton.find_install()
+    backends = triton.prepare_backends(tmp_path, install)
+    ports = [procs.free_port() for _ in range(3)]
+    cmd = [str(install.server)] + [a.replace("=/models", f"={repo}") for a in command[1:]] + [
+        f"--backend-directory={backends}", "--http-address=127.0.0.1", f"--http-port={ports[0]}",
+        "--grpc-address=127.0.0.1", f"--grpc-port={ports[1]}", f"--metrics-port={ports[2]}"]
+    libs = [str(install.libs)]
+    libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    if libdir and soname and (Path(libdir) / soname).exists():
+        libs.insert(0, libdir)
+    env = {"LD_LIBRARY_PATH": os.pathsep.join(libs), "PYTHONPATH": str(REPO), "SERVELAB_DEVICE": "cpu"}
+    base = f"http://127.0.0.1:{ports[0]}"
+    server = procs.start("triton", cmd, f"{base}/v2/health/live", log_path=tmp_path / "triton.log", env=env)
+    return server, base, ports[0]
+
+
+def _healthcheck(rendered_test: list[str], port: int) -> int:
+    """Run the container's health check command (CMD python3 -c SCRIPT) against this server."""
+    assert rendered_test[:3] == ["CMD", "python3", "-c"]
+    script = rendered_test[3].replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+    return subprocess.run([sys.executable, "-c", script], timeout=60).returncode
+
+
+def test_one_failing_model_leaves_the_other_serving_and_the_stack_healthy(tmp_path, empty_env_file, built_models):
+    svc = render("triton+cpu", empty_env_file)["services"]["triton_server"]
+    command = svc["command"]
+    assert "--exit-on-error=false" in command and "--strict-readiness=false" in command
+    repo = tmp_path / "models"
+    compose.cpu_repository(REPO / "models_staging", repo)  # both models; the ONNX one cannot load here
+    server, base, port = _start(tmp_path, repo, command)
+    try:
+        procs.wait_http_ok(f"{base}/v2/models/food_classifier/ready", timeout=120, server=server)
+        assert server.alive(), "Triton exited because one model failed"
+        assert procs.http_status(f"{base}/v2/models/food_classifier/ready") == 200
+        assert procs.http_status(f"{base}/v2/models/food_classifier_onnx/ready") == 400
+        assert procs.http_status(f"{base}/v2/health/ready") == 200
+        assert _healthcheck(svc["healthcheck"]["test"], port) == 0
+        assert "food_classifier_onnx" in server.log_tail(200)  # the log names the model that failed
+    finally:
+        server.stop(timeout=20)
+        print(server.log_tail(30))
+    assert not server.alive()
+
+
+def test_no_loadable_model_fails_the_health_check(tmp_path, empty_env_file):
+    svc = render("triton+cpu", empty_env_file)["services"]["triton_server"]
+    repo = tmp_path / "models"
+    compose.cpu_repository(REPO / "models_staging", repo)
+    shutil.rmtree(repo / "food_classifier")  # only the ONNX model is left, and it cannot load here
+    server, base, port = _start(tmp_path, repo, svc["command"])
+    try:
+        procs.wait_http_ok(f"{base}/v2/health/live", timeout=120, server=server)
+        assert server.alive()
+        assert procs.http_status(f"{base}/v2/models/food_classifier_onnx/ready") == 400
+        assert _healthcheck(svc["healthcheck"]["test"], port) == 1
+    finally:
+        server.stop(timeout=20)
+        print(server.log_tail(30))
