@@ -32,10 +32,10 @@ backend = flask_backends.from_env()   # which model server answers (see the docs
 
 def classify(data: bytes):
     """Check the upload, send it to the backend, time the round trip."""
-    tensor = flask_backends.check_image(data)           # not an image → 400, too big → 413
+    flask_backends.check_image(data)      # header only: not an image → 400, too big → 413
     start = time.perf_counter()
-    result = backend.classify(data, tensor)              # one round trip to the model server
-    result.latency_ms = (time.perf_counter() - start) * 1000
+    result = backend.classify(data)       # one round trip; the image is decoded once, by the model server
+    result.latency_ms = (time.perf_counter() - start) * 1000   # (triton_onnx: decoding here included)
     return result
 
 
@@ -67,9 +67,9 @@ def test():
 
 @app.get("/health")
 def health():
-    ready, detail = backend.ready()
+    ready, detail = backend.ready()   # public: names the backend, never its internal address
     return jsonify(status="ok" if ready else "backend_unavailable", backend=backend.name,
-                   target=backend.target, detail=detail), (200 if ready else 503)
+                   detail=detail), (200 if ready else 503)
 
 
 # Errors become the same page with a message and the right status:
@@ -81,10 +81,7 @@ def classify_error(err):
 
 @app.errorhandler(HTTPException)
 def http_error(err):
-    if err.code == 413:
-        message = f"The file is too large: the limit is {flask_backends.MAX_UPLOAD_BYTES // (1024 * 1024)} MiB."
-    else:
-        message = f"{err.code} {err.name}: {err.description}"
+    message = flask_backends.http_error_message(err, request)   # e.g. which limit a 413 hit
     return render_template("index.html", backend=backend, error=message), err.code
 
 

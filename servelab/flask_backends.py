@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import os
+import re
 import sys
 import threading
 from dataclasses import asdict, dataclass
@@ -36,6 +38,12 @@ from flask import Request
 from PIL import Image
 
 from servelab import food11, procs
+
+log = logging.getLogger("servelab.flask")
+
+# How Triton's Python model reports an image it refused: "<code>: <sentence>".
+_IMAGE_ERROR = re.compile(r"\b(invalid_base64|not_an_image|truncated_image|image_too_large|invalid_image): (.+)",
+                          re.DOTALL)
 
 # Largest upload the page accepts (the form's multipart body), in bytes.
 MAX_UPLOAD_BYTES = food11.MAX_IMAGE_BYTES + 64 * 1024
@@ -64,7 +72,11 @@ class Result:
     latency_ms: float = 0.0
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """What the public /test route shows: everything but ``target`` (the
+        model server's internal address is for the server log)."""
+        out = asdict(self)
+        out.pop("target", None)
+        return out
 
 
 class ClassifyError(Exception):
@@ -110,13 +122,25 @@ def note_for(weights_kind: str) -> str:
 _decode_slots = threading.BoundedSemaphore(procs.cpu_cores())
 
 
-def check_image(data: bytes) -> np.ndarray:
-    """Decode an upload with the lab's limits before anything is sent on:
-    not an image / truncated → 400, too many bytes or pixels → 413.
-    Returns the preprocessed float32 [3, 224, 224] tensor; the full-size
-    decoded image is freed before the backend call."""
+def check_image(data: bytes) -> None:
+    """The page's own check of an upload, before anything is sent on: not an
+    image → 400, too many bytes or pixels (or pixels per byte) → 413.
+    Reads only the header: the model server decodes the image itself (the
+    FastAPI services, Triton's Python model), so decoding it here too would
+    double the CPU a costly image takes. A truncated file is found by the
+    decoder there and comes back as a 400 all the same."""
     if not data:
         raise BadUpload("The uploaded file is empty.", code="empty_upload")
+    try:
+        food11.check_image_header(data)
+    except food11.ImageDecodeError as err:
+        raise BadUpload(err.message, status=err.status, code=err.code) from None
+
+
+def preprocess_upload(data: bytes) -> np.ndarray:
+    """Decode and preprocess here (the ``triton_onnx`` backend, whose model
+    server only runs the network): float32 [3, 224, 224]; the decoded image
+    is freed before the backend call. Bad input → 400/413 as check_image."""
     try:
         pool = _gevent_threads()
         if pool is not None:  # the container's gevent workers: keep the event loop free
@@ -167,8 +191,9 @@ class FastAPIBackend:
         try:
             r = requests.get(f"{self.url}/health", timeout=3)
         except requests.RequestException as err:
-            return False, f"{self.url} is not reachable ({type(err).__name__})"
-        return r.status_code == 200, f"{self.url}/health answered {r.status_code}"
+            log.warning("FastAPI server %s: %s", self.url, err)
+            return False, f"the FastAPI server is not reachable ({type(err).__name__})"
+        return r.status_code == 200, f"the FastAPI server's /health answered {r.status_code}"
 
     def classify(self, data: bytes, tensor: np.ndarray | None = None) -> Result:
         import requests
@@ -177,11 +202,13 @@ class FastAPIBackend:
         try:
             r = requests.post(self.target, json=payload, timeout=(3, self.timeout))
         except (requests.ConnectionError, requests.Timeout) as err:
+            log.warning("FastAPI server %s: %s", self.url, err)   # the address goes to the log only
             raise BackendUnavailable(
-                f"The FastAPI server at {self.url} is not reachable ({type(err).__name__}). "
+                f"The FastAPI server is not reachable ({type(err).__name__}). "
                 "Is it running? Check FASTAPI_SERVER_URL.") from None
         except requests.RequestException as err:
-            raise BackendFailed(f"Calling the FastAPI server failed: {err}") from None
+            log.warning("FastAPI server %s: %s", self.url, err)
+            raise BackendFailed(f"Calling the FastAPI server failed ({type(err).__name__}).") from None
         try:
             body = r.json()
         except ValueError:
@@ -232,17 +259,24 @@ class _TritonBase:
             msg = err.message() or str(err)
             status = str(err.status() or "")
             lowered = msg.lower()
+            refused = _IMAGE_ERROR.search(msg)
+            if status == "400" and refused:  # the Python model's decode check (food11): the upload's fault
+                code, text = refused.group(1), refused.group(2).strip()
+                raise BadUpload(text, status=413 if code == "image_too_large" else 400, code=code) from None
+            log.warning("Triton %s model %s: HTTP %s %s", self.url, self.model, status, msg)
             if not status or "unknown model" in lowered or "not ready" in lowered or "unavailable" in lowered \
                     or "connect" in lowered or "timed out" in lowered:
-                raise BackendUnavailable(f"Triton at {self.url} cannot serve model {self.model}: {msg}") from None
-            raise BackendFailed(f"Triton answered HTTP {status}: {msg}") from None
+                raise BackendUnavailable(f"Triton cannot serve model {self.model} right now. "
+                                         "Is it running? Check TRITON_SERVER_URL.") from None
+            raise BackendFailed(f"Triton answered HTTP {status} for model {self.model}.") from None
         except (OSError, TimeoutError) as err:
+            log.warning("Triton %s: %s", self.url, err)   # the address goes to the log only
             raise BackendUnavailable(
-                f"Triton at {self.url} is not reachable ({type(err).__name__}: {err}). "
+                f"Triton is not reachable ({type(err).__name__}). "
                 "Is it running? Check TRITON_SERVER_URL.") from None
         except Exception as err:  # gevent timeouts and friends
             if "timeout" in type(err).__name__.lower():
-                raise BackendUnavailable(f"Triton at {self.url} did not answer in time.") from None
+                raise BackendUnavailable("Triton did not answer in time.") from None
             raise
         finally:
             if client is not None:
@@ -283,7 +317,7 @@ class _TritonBase:
             ok = self._call(lambda c: c.is_model_ready(self.model))
         except ClassifyError as err:
             return False, err.message
-        return bool(ok), f"model {self.model} {'ready' if ok else 'not ready'} on {self.url}"
+        return bool(ok), f"model {self.model} {'ready' if ok else 'not ready'}"
 
 
 class TritonBackend(_TritonBase):
@@ -318,7 +352,7 @@ class TritonOnnxBackend(_TritonBase):
     def classify(self, data: bytes, tensor: np.ndarray | None = None) -> Result:
         import tritonclient.http as httpclient
 
-        x = tensor if tensor is not None else check_image(data)            # float32 [3, 224, 224]
+        x = tensor if tensor is not None else preprocess_upload(data)      # float32 [3, 224, 224]
         if self.batched():
             x = x[np.newaxis]                                              # [1, 3, 224, 224]
         inp = httpclient.InferInput(ONNX_INPUT, list(x.shape), "FP32")
@@ -354,6 +388,28 @@ def from_env(env: dict | None = None):
 # --------------------------------------------------------------------------
 # Flask plumbing: in-memory uploads, security headers, preview data URL
 # --------------------------------------------------------------------------
+
+def http_error_message(err, request) -> str:
+    """The page's sentence for an HTTP error Flask/Werkzeug raised itself.
+    A 413 says which limit was hit: the whole body, the number of form parts
+    (Werkzeug's max_form_parts), or one text field (max_form_memory_size)."""
+    if err.code != 413:
+        return f"{err.code} {err.name}: {err.description}"
+    mib = MAX_UPLOAD_BYTES // (1024 * 1024)
+    if request.content_length is not None and request.content_length > MAX_UPLOAD_BYTES:
+        return f"The file is too large: the limit is {mib} MiB."
+    tb, where = err.__traceback__, ""
+    while tb is not None:
+        where, tb = tb.tb_frame.f_code.co_filename, tb.tb_next
+    if where.endswith("multipart.py"):   # werkzeug/sansio/multipart.py counts the parts
+        return (f"The form has too many parts (the limit is {request.max_form_parts}); "
+                "send just the image, in the field 'file'.")
+    if where.endswith("formparser.py"):  # werkzeug/formparser.py measures each text field
+        return (f"A text field of the form is too large (the limit is {request.max_form_memory_size} bytes); "
+                "send just the image, in the field 'file'.")
+    return (f"The request is too large: at most {mib} MiB, {request.max_form_parts} form parts and "
+            f"{request.max_form_memory_size} bytes per text field.")
+
 
 class InMemoryRequest(Request):
     """Keeps uploaded files in memory (Werkzeug would spool files over 500 KB

@@ -203,7 +203,8 @@ MAX_BODY_BYTES = MAX_BASE64_CHARS + 64 * 1024
 
 IMAGE_FIELD_DOC = {
     "description": (
-        "The image file (JPEG or PNG) encoded as standard base64. "
+        "The image file (JPEG or PNG) encoded as base64: standard (the pattern below) or URL-safe, "
+        "with or without '=' padding and line breaks. "
         f"At most {food11.MAX_IMAGE_BYTES} bytes before encoding and "
         f"{food11.MAX_IMAGE_PIXELS} pixels."
     ),
@@ -240,7 +241,8 @@ ERROR_RESPONSES: dict = {
           **_error_schema("image_too_large", "The image is 20000x20000 = 400000000 pixels; the limit is 40000000.")},
     415: {"description": "The request body is not JSON (send Content-Type: application/json).",
           **_error_schema("unsupported_media_type", "Send the request body as JSON with Content-Type: application/json.")},
-    422: {"description": "The JSON is malformed, or the `image` field is missing or not a string.",
+    422: {"description": "The JSON is malformed (or nested/sized to be costly to parse), "
+                         "or the `image` field is missing or not a string.",
           "content": {"application/json": {"schema": {
               "type": "object",
               "required": ["error", "message", "detail"],
@@ -285,18 +287,66 @@ def _new_body_too_large():
     return BodyTooLarge
 
 
+# The /predict body is one flat object ({"image": "..."}; base64 holds no
+# brackets, commas or colons). FastAPI parses JSON on the event loop, so a
+# body built to be slow to parse (a million keys: ~0.8 s) would stall every
+# request, /health included; one nested 10,000 deep fails the parser itself.
+# Both are refused while the body arrives, before it is parsed.
+MAX_JSON_CONTAINERS = 64     # objects + arrays in one body
+MAX_JSON_ITEMS = 1000        # commas + colons in one body
+
+
+def _new_json_too_complex():
+    from starlette.exceptions import HTTPException
+
+    class JsonTooComplex(HTTPException):
+        error = "invalid_request"
+
+        def __init__(self, message: str):
+            super().__init__(status_code=422, detail=message)
+
+    return JsonTooComplex
+
+
+JsonTooComplex = None  # the class, made on first use (starlette is imported lazily)
+
+
+class _JsonShape:
+    """Counts a JSON body's objects/arrays and items chunk by chunk."""
+
+    def __init__(self):
+        self.containers = self.items = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.containers += chunk.count(b"{") + chunk.count(b"[")
+        self.items += chunk.count(b",") + chunk.count(b":")
+        if self.containers > MAX_JSON_CONTAINERS:
+            raise JsonTooComplex(f"The JSON body nests or holds more than {MAX_JSON_CONTAINERS} objects/arrays; "
+                                 "send one flat object like {\"image\": \"<base64 JPEG/PNG>\"}.")
+        if self.items > MAX_JSON_ITEMS:
+            raise JsonTooComplex(f"The JSON body holds more than {MAX_JSON_ITEMS} items (keys or values); "
+                                 "send one flat object like {\"image\": \"<base64 JPEG/PNG>\"}.")
+
+
 class BodySizeLimit:
     """ASGI middleware: answer 413 (JSON) to a request body over ``max_bytes``.
 
     A declared ``Content-Length`` over the limit is refused before a byte of
     the body is read; a chunked body is counted as it arrives and refused as
     soon as it passes the limit. Either way the server never holds more than
-    ``max_bytes`` of one request in memory."""
+    ``max_bytes`` of one request in memory.
+
+    A JSON body is also counted for its shape as it arrives (C-speed byte
+    counts per chunk): more than ``MAX_JSON_CONTAINERS`` objects/arrays or
+    ``MAX_JSON_ITEMS`` items is a 422 ``invalid_request`` before parsing."""
 
     def __init__(self, app, max_bytes: int = MAX_BODY_BYTES):
+        global JsonTooComplex
         self.app = app
         self.max_bytes = int(max_bytes)
         self.too_large = _new_body_too_large()
+        if JsonTooComplex is None:
+            JsonTooComplex = _new_json_too_complex()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -312,6 +362,8 @@ class BodySizeLimit:
         if declared is not None and declared > self.max_bytes:
             await self._send_413(send)
             return
+        content_type = dict(scope.get("headers", ())).get(b"content-type", b"").decode("latin-1")
+        shape = _JsonShape() if not content_type or _is_json_content_type(content_type) else None
 
         received = 0
         started = False
@@ -320,9 +372,12 @@ class BodySizeLimit:
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                chunk = message.get("body", b"")
+                received += len(chunk)
                 if received > self.max_bytes:
                     raise self.too_large(self.max_bytes)
+                if shape is not None:
+                    shape.feed(chunk)
             return message
 
         async def tracking_send(message):
@@ -378,6 +433,20 @@ def _validation_message(errors: list[dict]) -> str:
     return f"Invalid request: {first.get('msg', 'validation failed')}."
 
 
+def _body_parse_error(exc) -> str | None:
+    """A sentence for FastAPI's 400 "There was an error parsing the body",
+    from the exception the JSON parser raised; None for any other error."""
+    if getattr(exc, "status_code", None) != 400 or exc.detail != "There was an error parsing the body":
+        return None
+    cause = exc.__cause__
+    example = "Send JSON like {\"image\": \"<base64 JPEG/PNG>\"}."
+    if isinstance(cause, RecursionError):
+        return f"The JSON body is nested too deeply to parse. {example}"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return f"The JSON body holds a number with too many digits ({cause}). {example}"
+    return f"The request body could not be parsed as JSON ({type(cause).__name__}). {example}"
+
+
 def install_error_handlers(app) -> None:
     """Map every client mistake to a JSON 4xx ``{"error": code, "message": ...}``.
 
@@ -422,8 +491,14 @@ def install_error_handlers(app) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
+        parse_error = _body_parse_error(exc)
         if exc.status_code == 413:
             body = {"error": "body_too_large", "message": str(exc.detail)}
+        elif getattr(exc, "error", None) == "invalid_request" or parse_error:
+            # The contract's 422 for a body that is not the documented JSON
+            # (FastAPI's own answer to a parser failure is a bare 400).
+            return JSONResponse({"error": "invalid_request", "message": parse_error or str(exc.detail),
+                                 "detail": []}, status_code=422)
         else:
             body = {"error": f"http_{exc.status_code}", "message": str(exc.detail), "detail": exc.detail}
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))

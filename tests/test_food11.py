@@ -133,7 +133,7 @@ def test_base64_errors_and_data_urls(sample_paths):
     b64 = base64.b64encode(raw).decode()
     assert food11.decode_base64(b64) == raw
     assert food11.decode_base64(f"data:image/jpeg;base64,{b64}") == raw
-    for bad in ["not base64!!", "abc", "", "   ", "é" * 8]:
+    for bad in ["not base64!!", "abcde", "", "   ", "é" * 8]:   # ("abc" is unpadded base64: accepted)
         with pytest.raises(food11.InvalidBase64Error) as e:
             food11.decode_base64(bad)
         assert e.value.status == 400
@@ -172,3 +172,132 @@ def test_weights_kind_reads_the_stamp(tmp_path):
     assert food11.weights_kind(model) == "unknown"
     (tmp_path / "m.onnx.json").write_text('{"weights_kind": "demo"}')
     assert food11.weights_kind(model) == "demo"
+
+
+# ---- issue 15: CPU amplification, EXIF, non-images, base64 variants -------
+
+def _flat_png(width: int, height: int) -> bytes:
+    return _encode(Image.new("RGB", (width, height), (200, 180, 40)), "PNG", compress_level=9)
+
+
+def test_extreme_pixels_per_byte_is_refused_before_decoding():
+    """A flat PNG declares millions of pixels in a few KB: decoding it costs
+    ~0.9 s of CPU at 40 MP against ~3 ms for a photo. Refused from the header."""
+    data = _flat_png(3000, 3000)                        # 9 MP in ~30 KB
+    assert len(data) * food11.MAX_PIXELS_PER_BYTE < 3000 * 3000
+    with pytest.raises(food11.ImageTooLargeError) as e:
+        food11.load_image(data)
+    assert e.value.status == 413 and e.value.code == "image_too_large"
+    assert "per byte" in e.value.message and "3000x3000" in e.value.message
+    with pytest.raises(food11.ImageTooLargeError):
+        food11.check_image_header(data)                 # the cheap check (no decode) says the same
+    # Small images are never refused for compressing well (a flat 1 MP diagram).
+    assert food11.load_image(_flat_png(1000, 1000)).size == (1000, 1000)
+    # Photos compress far less than MAX_PIXELS_PER_BYTE.
+    rng = np.random.default_rng(0)
+    noisy = Image.fromarray(rng.integers(0, 255, (1500, 1800, 3), dtype=np.uint8), "RGB")
+    assert food11.load_image(_encode(noisy, "PNG")).size == (1800, 1500)
+
+
+def test_check_image_header_reads_no_pixels(sample_paths, monkeypatch):
+    calls = []
+    monkeypatch.setattr(Image.Image, "load", lambda self, *a, **k: calls.append(self.size))
+    for path in sample_paths:
+        fmt, size = food11.check_image_header(path.read_bytes())
+        assert fmt in food11.ALLOWED_FORMATS and size[0] > 0 and size[1] > 0
+    assert calls == [], "check_image_header decoded pixels"
+    with pytest.raises(food11.NotAnImageError):
+        food11.check_image_header(b"not an image")
+    with pytest.raises(food11.ImageTooLargeError):
+        food11.check_image_header(_png_declaring(100_000, 100_000))
+
+
+def test_big_jpeg_is_decoded_at_reduced_size(monkeypatch):
+    """JPEG's DCT can decode straight to 1/2, 1/4 or 1/8 size: preprocess asks
+    for the smallest size that still covers twice the model's input."""
+    from PIL import JpegImagePlugin
+
+    y, x = np.mgrid[0:3000, 0:4000]
+    big = np.stack([(x % 256), (y % 256), ((x + y) // 32 % 256)], axis=-1).astype(np.uint8)
+    data = _encode(Image.fromarray(big, "RGB"), "JPEG", quality=90)
+    asked = []
+    real_draft = JpegImagePlugin.JpegImageFile.draft
+
+    def spy(self, mode, size):
+        asked.append(size)
+        return real_draft(self, mode, size)
+
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", spy)
+    x_fast = food11.preprocess(data)
+    assert asked and all(s is not None and max(s) <= 2 * food11.INPUT_SIZE for s in asked), asked
+    small = food11.load_image(data, draft_size=2 * food11.INPUT_SIZE)
+    assert 2 * food11.INPUT_SIZE <= min(small.size) and small.size[0] < 4000, small.size
+    # Close to decoding every pixel first (what torchvision would see).
+    full = food11.preprocess_image(food11.load_image(data))
+    assert x_fast.shape == full.shape and float(np.abs(x_fast - full).mean()) < 0.05
+
+
+def test_exif_orientation_is_applied():
+    """A phone photo stored sideways with EXIF orientation 6 is shown upright
+    by every browser; the model must see it upright too."""
+    img = Image.new("RGB", (40, 20), (255, 0, 0))
+    img.paste((0, 0, 255), (20, 0, 40, 20))            # left red, right blue (as stored)
+    exif = Image.Exif()
+    exif[0x0112] = 6                                   # Orientation: rotate 90 CW to display
+    data = _encode(img, "JPEG", exif=exif.tobytes(), quality=95)
+    out = food11.load_image(data)
+    assert out.size == (20, 40), "EXIF orientation ignored: the model sees the photo sideways"
+    r, g, b = out.getpixel((10, 5))
+    assert r > 200 and b < 60, "rotated 90 degrees clockwise, the stored left (red) half is on top"
+    r, g, b = out.getpixel((10, 35))
+    assert b > 200 and r < 60, "and the stored right (blue) half at the bottom"
+    assert food11.preprocess(data).shape == (3, 224, 224)
+
+
+@pytest.mark.parametrize("kind", ["svg", "heic", "ico", "pdf", "text"])
+def test_non_images_get_the_documented_message(kind):
+    data = {
+        "svg": b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><rect/></svg>',
+        "heic": b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + b"\x00" * 64,
+        "ico": _encode(Image.new("RGB", (16, 16)), "ICO"),
+        "pdf": b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF\n",
+        "text": b"this is plain text, not a JPEG",
+    }[kind]
+    with pytest.raises(food11.NotAnImageError) as e:
+        food11.load_image(data)
+    assert e.value.message == "The data is not an image PIL can read (expected JPEG, PNG, ...)."
+    assert "KeyError" not in e.value.message
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "BMP", "WEBP", "TIFF"])
+def test_every_allowed_format_decodes(fmt):
+    assert food11.load_image(_encode(Image.new("RGB", (30, 20), (1, 2, 3)), fmt)).size == (30, 20)
+
+
+def test_base64_variants_users_send(sample_paths):
+    import textwrap
+
+    # A sample whose standard base64 ends in '=' padding, so "unpadded" differs.
+    raw = next(d for d in (p.read_bytes() for p in sample_paths) if len(d) % 3)
+    std = base64.b64encode(raw).decode()
+    variants = {
+        "line-wrapped (encodebytes)": base64.encodebytes(raw).decode(),
+        "line-wrapped CRLF (base64 CLI on Windows)": "\r\n".join(textwrap.wrap(std, 76)),
+        "URL-safe": base64.urlsafe_b64encode(raw).decode(),
+        "unpadded": std.rstrip("="),
+        "URL-safe unpadded": base64.urlsafe_b64encode(raw).decode().rstrip("="),
+    }
+    for name, text in variants.items():
+        assert food11.decode_base64(text) == raw, name
+
+
+@pytest.mark.parametrize("text,says", [
+    ("abc+def-ghi/", "mixes"),                        # both alphabets
+    ("abcde", "length"),                              # 5 chars: one is left over
+    ("ab=cd", "padding"),                             # '=' inside
+    ("abc$", "'$'"),                                  # a stray character, named
+])
+def test_base64_errors_say_what_is_wrong(text, says):
+    with pytest.raises(food11.InvalidBase64Error) as e:
+        food11.decode_base64(text)
+    assert says in e.value.message, e.value.message

@@ -228,3 +228,22 @@ def test_bad_requests_do_not_fail_good_ones_in_the_same_batch(t):
 def test_server_and_stubs_healthy_after_bad_input(t):
     _assert_healthy(t)
     assert "Stub process" not in t.log_tail(400) or "is not healthy" not in t.log_tail(400)
+
+
+def test_flask_on_triton_reports_the_models_verdict(t):
+    """The page checks only the header and lets Triton's Python model decode
+    (issue 15: no double decode); a file the model refuses is still a 400
+    with the model's sentence, not a 502, and the page keeps serving."""
+    from .relsupport import start_flask
+
+    flask = start_flask("http://127.0.0.1:9", env={"INFERENCE_BACKEND": "triton", "TRITON_SERVER_URL": t.url,
+                                                   "FOOD11_MODEL_NAME": PY})
+    try:
+        jpeg = next(d for d in sample_bytes() if d[:2] == b"\xff\xd8")
+        r = requests.post(f"{flask.url}/predict", files={"file": ("a.jpg", jpeg[: len(jpeg) * 2 // 3])}, timeout=60)
+        assert r.status_code == 400, r.text[-500:]
+        assert "truncated" in r.text
+        r = requests.post(f"{flask.url}/predict", files={"file": ("a.jpg", jpeg)}, timeout=60)
+        assert r.status_code == 200, r.text[-500:]
+    finally:
+        flask.stop()

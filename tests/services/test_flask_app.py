@@ -284,3 +284,71 @@ def test_container_server_survives_more_slow_clients_than_workers(container_serv
         f"the server kept slow-header clients open: closed after {sorted(header_closed)}")
     assert len(body_closed) == 8 and max(body_closed) < 30, (
         f"the server kept clients that never send their body: closed after {sorted(body_closed)}")
+
+
+# --------------------------------------------------------------------------
+# Issue 15: one decode per upload (item 5), honest limit messages (item 8),
+# no internal address on public pages (item 10)
+# --------------------------------------------------------------------------
+
+def _count_decodes(monkeypatch) -> list:
+    calls = []
+    real = food11.load_image
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(food11, "load_image", counting)
+    return calls
+
+
+def test_flask_does_not_decode_what_the_backend_decodes(client, monkeypatch):
+    """The FastAPI services and Triton's Python model decode the upload
+    themselves: the page only checks the header (format, size, pixels), so a
+    costly image is not decoded twice."""
+    calls = _count_decodes(monkeypatch)
+    good_upload_works(client)
+    assert calls == [], "Flask decoded an upload that the FastAPI backend decodes again"
+    assert upload(client, b"not an image at all").status_code == 400   # still refused up front
+    assert upload(client, bomb_png()).status_code == 413
+
+
+@pytest.mark.parametrize("kind,decodes", [("triton", 0), ("triton_onnx", 1)])
+def test_triton_backends_decode_once(monkeypatch, kind, decodes):
+    port = procs.free_port()  # nothing listens: the call fails after the check
+    module = load_app(monkeypatch, INFERENCE_BACKEND=kind, TRITON_SERVER_URL=f"127.0.0.1:{port}")
+    calls = _count_decodes(monkeypatch)
+    r = upload(module.app.test_client(), first_jpeg())
+    assert r.status_code == 503
+    assert len(calls) == decodes, f"{kind}: {len(calls)} decode(s) in Flask"
+
+
+def test_form_limits_say_what_was_too_large(client):
+    many = {f"f{i}": "x" for i in range(1200)}
+    r = client.post("/predict", data=many, content_type="multipart/form-data")
+    assert r.status_code == 413
+    html = r.get_data(as_text=True)
+    assert "too many parts" in html and "text field" not in html and "The file is too large" not in html
+    r = client.post("/predict", data={"note": "x" * 600_000, "file": (io.BytesIO(first_jpeg()), "a.jpg")},
+                    content_type="multipart/form-data")
+    assert r.status_code == 413
+    html = r.get_data(as_text=True)
+    assert "text field of the form is too large" in html and "parts" not in html
+    assert "The file is too large" not in html
+    good_upload_works(client)
+
+
+def test_public_pages_do_not_show_the_internal_address(client, down_client, onnx_server):
+    """/health, /test and the page are public (port 80 on the node); the model
+    server's internal URL is for the server log, not for strangers."""
+    hidden = onnx_server.url.split("://", 1)[1]           # 127.0.0.1:<port>
+    for path in ("/", "/health", "/test"):
+        text = client.get(path).get_data(as_text=True)
+        assert hidden not in text and onnx_server.url not in text, (path, text[:400])
+    text = upload(client, first_jpeg()).get_data(as_text=True)
+    assert hidden not in text
+    for r in (down_client.get("/health"), down_client.get("/test"), upload(down_client, first_jpeg()),
+              down_client.get("/")):
+        text = r.get_data(as_text=True)
+        assert "127.0.0.1:" not in text, text[:400]
