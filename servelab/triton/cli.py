@@ -17,19 +17,9 @@ from pathlib import Path
 from typing import Sequence
 
 from servelab import paths, procs
-from servelab.triton import stats
+from servelab.triton import install, stats
 from servelab.triton.config import describe_config, fragment_to_edit
 from servelab.triton.control import model_config, reload_model
-from servelab.triton.install import (
-    ADMIN_KEY_ENV,
-    DEFAULT_GRPC_PORT,
-    DEFAULT_HOST,
-    DEFAULT_HTTP_PORT,
-    DEFAULT_METRICS_PORT,
-    EXIT_TIMEOUT_S,
-    TritonError,
-    find_install,
-)
 from servelab.triton.process import read_state, stub_processes
 from servelab.triton.server import start, stop_running
 
@@ -41,19 +31,19 @@ def add_parser(sub) -> None:
     tsub.required = True
 
     def ports(q, grpc=True):
-        q.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
+        q.add_argument("--http-port", type=int, default=install.DEFAULT_HTTP_PORT)
         if grpc:
-            q.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
+            q.add_argument("--grpc-port", type=int, default=install.DEFAULT_GRPC_PORT)
 
     s = tsub.add_parser("start", help="start Triton in the foreground (Ctrl-C stops it)")
     ports(s)
-    s.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT)
-    s.add_argument("--host", default=DEFAULT_HOST, help="address to bind (default 127.0.0.1)")
+    s.add_argument("--metrics-port", type=int, default=install.DEFAULT_METRICS_PORT)
+    s.add_argument("--host", default=install.DEFAULT_HOST, help="address to bind (default 127.0.0.1)")
     s.add_argument("--repo", type=Path, default=None, help=f"lab model repository (default {paths.MODELS_STAGING})")
     s.add_argument("--models", default="", help="comma-separated models to load (default: all)")
     s.add_argument("--workdir", type=Path, default=None,
                    help="where the runtime repository and log go (default build/triton/<http-port>)")
-    s.add_argument("--exit-timeout", type=int, default=EXIT_TIMEOUT_S)
+    s.add_argument("--exit-timeout", type=int, default=install.EXIT_TIMEOUT_S)
     s.add_argument("--log-verbose", type=int, default=0)
     s.set_defaults(func=_cmd_start)
 
@@ -70,7 +60,7 @@ def add_parser(sub) -> None:
                                     "model.py) and reload. Options edit the running config.")
     r.add_argument("model")
     r.add_argument("--grpc-url", default=None, help="host:port (default 127.0.0.1:8001)")
-    r.add_argument("--admin-key", default=None, help=f"default ${ADMIN_KEY_ENV} or the local state file")
+    r.add_argument("--admin-key", default=None, help=f"default ${install.ADMIN_KEY_ENV} or the local state file")
     r.add_argument("--count", type=int, help="instance_group count")
     r.add_argument("--kind", choices=["KIND_CPU", "KIND_GPU", "KIND_AUTO"], help="instance_group kind")
     r.add_argument("--gpus", default=None, help="instance_group gpus, e.g. 0,1")
@@ -84,12 +74,12 @@ def add_parser(sub) -> None:
 
     c = tsub.add_parser("config", help="print the config Triton reports for a model")
     c.add_argument("model")
-    c.add_argument("--grpc-url", default=f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}")
+    c.add_argument("--grpc-url", default=f"{install.DEFAULT_HOST}:{install.DEFAULT_GRPC_PORT}")
     c.set_defaults(func=_cmd_config)
 
     sts = tsub.add_parser("stats", help="print a model's cumulative statistics (batch sizes, queue, compute)")
     sts.add_argument("model")
-    sts.add_argument("--url", default=f"http://{DEFAULT_HOST}:{DEFAULT_HTTP_PORT}")
+    sts.add_argument("--url", default=f"http://{install.DEFAULT_HOST}:{install.DEFAULT_HTTP_PORT}")
     sts.set_defaults(func=_cmd_stats)
 
     e = tsub.add_parser("env", help="print shell exports that let perf_analyzer start "
@@ -123,12 +113,12 @@ def _cmd_start(args) -> int:
         server = start(args.repo, models=models, host=args.host, http_port=args.http_port,
                        grpc_port=args.grpc_port, metrics_port=args.metrics_port, workdir=workdir,
                        exit_timeout=args.exit_timeout, log_verbose=args.log_verbose)
-    except (TritonError, ValueError) as err:
+    except (install.TritonError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     try:
         print(server.summary())
-        print(f"  admin key for the model-repository API: export {ADMIN_KEY_ENV}={server.admin_key}")
+        print(f"  admin key for the model-repository API: export {install.ADMIN_KEY_ENV}={server.admin_key}")
         print("Ready. Ctrl-C stops it.", flush=True)
         while server.alive():
             time.sleep(0.5)
@@ -249,9 +239,9 @@ def _cmd_env(args) -> int:
 def _cmd_setup(args) -> int:
     from servelab import perf
 
-    install = find_install()
-    print(f"tritonserver: {install.server}")
-    print(f"Python-backend stub for Python {sys.version_info[0]}.{sys.version_info[1]}: {install.stub()}")
+    found = install.find_install()
+    print(f"tritonserver: {found.server}")
+    print(f"Python-backend stub for Python {sys.version_info[0]}.{sys.version_info[1]}: {found.stub()}")
     try:
         changed = perf.install_shim()
         print("\n".join(changed) if changed else f"perf_analyzer shim already in place: {perf.venv_bin()}")

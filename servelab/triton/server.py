@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from servelab import paths, procs
-from servelab.triton import control, stats
+from servelab.triton import control, install, stats
 from servelab.triton.config import Edit
 from servelab.triton.install import (
-    ADMIN_KEY_ENV,
     DEFAULT_GRPC_PORT,
     DEFAULT_HOST,
     DEFAULT_HTTP_PORT,
@@ -206,7 +205,7 @@ def _check_ports(host: str, http_port: int, grpc_port: int, metrics_port: int) -
             )
 
 
-def _prepare(source: Path, workdir: Path, own: bool, models, gpus: int, install: TritonInstall) -> tuple:
+def _prepare(source: Path, workdir: Path, own: bool, models, gpus: int, binary: TritonInstall) -> tuple:
     """Runtime repository and backends under ``workdir``; returns ``(repo, backends, names, notes)``."""
     workdir.mkdir(parents=True, exist_ok=True)
     runtime_repo = workdir / "models"
@@ -214,7 +213,7 @@ def _prepare(source: Path, workdir: Path, own: bool, models, gpus: int, install:
         shutil.rmtree(runtime_repo)
     try:
         names, notes = build_repository(runtime_repo, source, models, gpus)
-        backends = prepare_backends(workdir, install)
+        backends = prepare_backends(workdir, binary)
     except BaseException:
         if own:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -231,11 +230,11 @@ def _install_perf_shim(notes: list[str]) -> None:
         notes.append(f"perf_analyzer shim not installed: {err}")
 
 
-def _command(install: TritonInstall, repo: Path, backends: Path, names: Sequence[str], *, host: str,
+def _command(binary: TritonInstall, repo: Path, backends: Path, names: Sequence[str], *, host: str,
              http_port: int, grpc_port: int, metrics_port: int, admin_key: str, exit_timeout: int,
              log_verbose: int, shm_prefix: str, gpus: int, extra_args: Sequence[str]) -> list[str]:
     return [
-        str(install.server),
+        str(binary.server),
         f"--model-repository={repo}",
         f"--backend-directory={backends}",
         "--model-control-mode=explicit",
@@ -255,11 +254,11 @@ def _command(install: TritonInstall, repo: Path, backends: Path, names: Sequence
     ]
 
 
-def _spawn(cmd: Sequence[str], install: TritonInstall, workdir: Path, log_path: Path) -> subprocess.Popen:
+def _spawn(cmd: Sequence[str], binary: TritonInstall, workdir: Path, log_path: Path) -> subprocess.Popen:
     in_main_thread = threading.current_thread() is threading.main_thread()
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=server_env(install),
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=server_env(binary),
             cwd=workdir, start_new_session=True,
             # Only from the main thread: PDEATHSIG fires when the *thread* that forked exits.
             preexec_fn=die_with_parent if in_main_thread else None,
@@ -287,23 +286,23 @@ def start(repo: str | os.PathLike | None = None, *, models: Sequence[str] | None
           extra_args: Sequence[str] = (), quiet: bool = True, install_perf_shim: bool = True) -> TritonServer:
     """Start the real tritonserver on ``repo`` (default models_staging/) and
     wait until every model in ``models`` (default: all) is READY."""
-    install = find_install()
+    binary = find_install()
     source = Path(repo or paths.MODELS_STAGING).resolve()
     _check_ports(host, http_port, grpc_port, metrics_port)
     own = workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="servelab-triton-")) if own else Path(workdir).resolve()
     gpus = gpu_count()
-    runtime_repo, backends, names, notes = _prepare(source, workdir, own, models, gpus, install)
+    runtime_repo, backends, names, notes = _prepare(source, workdir, own, models, gpus, binary)
     if install_perf_shim:
         _install_perf_shim(notes)
-    admin_key = admin_key or os.environ.get(ADMIN_KEY_ENV) or secrets.token_urlsafe(18)
+    admin_key = admin_key or os.environ.get(install.ADMIN_KEY_ENV) or secrets.token_urlsafe(18)
     shm_prefix = f"servelab_{os.getpid()}_{http_port}_{secrets.token_hex(3)}_"
     log_path = workdir / "tritonserver.log"
-    cmd = _command(install, runtime_repo, backends, names, host=host, http_port=http_port, grpc_port=grpc_port,
+    cmd = _command(binary, runtime_repo, backends, names, host=host, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, admin_key=admin_key, exit_timeout=exit_timeout,
                    log_verbose=log_verbose, shm_prefix=shm_prefix, gpus=gpus, extra_args=extra_args)
     server = TritonServer(
-        proc=_spawn(cmd, install, workdir, log_path), host=host, http_port=http_port, grpc_port=grpc_port,
+        proc=_spawn(cmd, binary, workdir, log_path), host=host, http_port=http_port, grpc_port=grpc_port,
         metrics_port=metrics_port, admin_key=admin_key, workdir=workdir, repo=runtime_repo, source=source,
         log_path=log_path, shm_prefix=shm_prefix, gpus=gpus, models=names, notes=notes,
         exit_timeout=exit_timeout, _own_workdir=own,

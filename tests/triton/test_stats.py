@@ -1,0 +1,61 @@
+"""servelab.triton.stats without a server: addresses, picking a model's entry
+from a /stats answer, and a snapshot served by a tiny local HTTP server."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from servelab import triton
+from servelab.triton import stats
+
+DOC = {"model_stats": [
+    {"name": "m", "version": "1", "inference_count": 10, "execution_count": 5},
+    {"name": "m", "version": "2", "inference_count": 7, "execution_count": 7},
+    {"name": "other", "version": "1", "inference_count": 1, "execution_count": 1},
+]}
+
+
+def test_base_url_accepts_both_address_forms():
+    assert stats.base_url("127.0.0.1:8000") == "http://127.0.0.1:8000"
+    assert stats.base_url("http://127.0.0.1:8000/v2/models") == "http://127.0.0.1:8000"
+    assert stats.stats_path("m") == "/v2/models/m/stats"
+    assert stats.stats_path("m", 2) == "/v2/models/m/versions/2/stats"
+
+
+def test_pick_by_name_and_version():
+    assert stats.pick(DOC, "m")["version"] == "1"
+    assert stats.pick(DOC, "m", 2)["inference_count"] == 7
+    with pytest.raises(LookupError, match="no statistics for model 'absent'"):
+        stats.pick(DOC, "absent")
+
+
+def test_snapshot_reads_the_models_entry_over_http():
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append(self.path)
+            body = json.dumps(DOC).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        snap = triton.snapshot(f"127.0.0.1:{server.server_port}", "other")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["/v2/models/other/stats"]
+    assert snap["name"] == "other"
+    d = triton.stats_delta({}, snap)
+    assert (d["inferences"], d["executions"], d["avg_batch_size"]) == (1, 1, 1.0)
