@@ -244,3 +244,70 @@ def test_parser_sees_every_block():
     assert any(c[:3] == ["docker", "compose", "-f"] and "up" in c for c in cmds)
     with pytest.raises(AssertionError):
         compose_file("/home/cc/serve-system-chi/docker/docker-compose-fastapi.yaml")
+
+
+# --------------------------------------------------------------------------
+# Notebook 4 on Chameleon: one server, swapped from PyTorch to ONNX half-way
+
+
+def _code_cells(name: str) -> list[str]:
+    return [c.source for c in nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4).cells
+            if c.cell_type == "code"]
+
+
+def test_notebook_4_measures_pytorch_before_the_swap():
+    """Without FASTAPI_ONNX_URL (Chameleon), both URLs are one server: every measurement of
+    FASTAPI_URL comes before the cell that waits for ONNX, every ONNX one after it, each sweep
+    checks /health first."""
+    cells = _code_cells("4_fastapi")
+    settings = next(c for c in cells if "FASTAPI_ONNX_URL =" in c)
+    assert 'os.environ.get("FASTAPI_ONNX_URL") or FASTAPI_URL' in settings
+    swap = next(i for i, c in enumerate(cells) if 'wait_for_backend(FASTAPI_ONNX_URL, "onnxruntime"' in c)
+    measures = re.compile(r"(time_sequential|time_concurrent|warm_up|sweep_of|FastAPITarget)\((\w+)")
+    seen = {"FASTAPI_URL": [], "FASTAPI_ONNX_URL": []}
+    for i, cell in enumerate(cells):
+        for _fn, url in measures.findall(cell):
+            if url in seen:
+                seen[url].append(i)
+    assert seen["FASTAPI_URL"] and all(i < swap for i in seen["FASTAPI_URL"]), (swap, seen)
+    assert seen["FASTAPI_ONNX_URL"] and all(i > swap for i in seen["FASTAPI_ONNX_URL"]), (swap, seen)
+    assert any('sweep_of(FASTAPI_URL, "pytorch")' in c for c in cells[:swap])
+    assert any('sweep_of(FASTAPI_ONNX_URL, "onnxruntime")' in c for c in cells[swap:])
+
+
+def test_notebook_4_refuses_to_label_another_backends_data():
+    """The notebook's own `serves` check, against a server whose /health names the other backend."""
+    import ast
+    import http.server
+    import threading
+
+    settings = next(c for c in _code_cells("4_fastapi") if "def serves(" in c)
+    python = "\n".join(line for line in settings.splitlines() if not line.startswith(("%", "!")))  # IPython magics
+    func = next(n for n in ast.parse(python).body if isinstance(n, ast.FunctionDef) and n.name == "serves")
+    import requests
+
+    namespace = {"requests": requests}
+    exec(compile(ast.Module([func], []), "4_fastapi", "exec"), namespace)  # noqa: S102 (the notebook's code)
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = b'{"status": "ok", "backend": "onnxruntime"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        namespace["serves"](url, "onnxruntime")  # the right label: no complaint
+        with pytest.raises(RuntimeError, match="serves onnxruntime, not pytorch"):
+            namespace["serves"](url, "pytorch")
+    finally:
+        server.shutdown()
+        server.server_close()
