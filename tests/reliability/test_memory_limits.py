@@ -116,3 +116,32 @@ def test_concurrent_worst_case_uploads_stay_within_budget(servers, name):
         f"at the real {40} MP limit that is ~{extra / PIXELS * 40e6 / 2**30:.1f} GiB. Bound how many uploads "
         "decode at once, and what one decode costs (servelab.food11._to_rgb).")
     assert psutil.pid_exists(server.pid)
+
+
+# --------------------------------------------------------------------------
+# Memory that comes back (issue 15, item 4): glibc's per-thread arenas keep
+# what a burst of decodes freed; every launcher caps them at two.
+# --------------------------------------------------------------------------
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
+def test_every_launcher_caps_malloc_arenas(triton, tmp_path, monkeypatch):
+    from servelab import paths, stack
+
+    from .relsupport import tree
+
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    with stack.running(["fastapi_onnx"], free_ports=True, log_dir=tmp_path) as st:
+        pids = [p.pid for p in tree(st.servers["fastapi_onnx"].pid)]
+        assert pids and all(_environ(pid).get("MALLOC_ARENA_MAX") == "2" for pid in pids)
+    stubs = [s.pid for s in triton.stub_processes()]
+    assert stubs
+    for pid in [triton.pid, *stubs]:
+        assert _environ(pid).get("MALLOC_ARENA_MAX") == "2", f"pid {pid} (Triton or a stub) has no arena cap"
+    for rel in ("fastapi_pt/Dockerfile", "fastapi_onnx/Dockerfile", "flask_app/Dockerfile",
+                "docker/Dockerfile.triton"):
+        text = (paths.REPO_ROOT / rel).read_text()
+        assert "MALLOC_ARENA_MAX=2" in text, f"{rel} does not cap malloc arenas"
