@@ -85,6 +85,20 @@ def cpu_cores() -> int:
     return max(1, n)
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu_percent(pids: Mapping[str, int], seconds: float) -> dict[str, float]:
+    """Percent of one core each process used over the next ``seconds``
+    (call it while no request is in flight: an idle server should use ~0)."""
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    time.sleep(seconds)
+    return {name: 100.0 * (cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
+
+
 def cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
     """Cores allowed by a cgroup v2 ``cpu.max`` quota (rounded up), or None."""
     try:
