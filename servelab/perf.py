@@ -56,7 +56,7 @@ class PerfAnalyzerError(RuntimeError):
 def pytriton_libs() -> Path:
     """``site-packages/nvidia_pytriton.libs`` (next to ``pytriton/``)."""
     try:
-        import pytriton  # noqa: F401  (only its location is needed)
+        import pytriton  # only its location is needed
     except ImportError as err:  # pragma: no cover - depends on the install
         raise PerfAnalyzerError(
             "nvidia-pytriton is not installed; install it with `pip install nvidia-pytriton==0.7.0`."
