@@ -10,7 +10,7 @@ fastapi_pt     FastAPI + PyTorch (``fastapi_pt/app.py``, uvicorn)      8010
 fastapi_onnx   FastAPI + ONNX Runtime (``fastapi_onnx/app.py``)        8011
 triton         the real Triton 2.51 with both lab models               8000/8001/8002
 flask          the web UI (``flask_app/app.py``), backend selectable   5000
-jupyter        JupyterLab on ``notebooks/``, token required           8888
+jupyter        JupyterLab on the repository, token required          8888
 =============  =====================================================  ============
 
 then waits until each answers its health check, prints the URLs and the
@@ -186,9 +186,8 @@ def _command(name: str, host: str, ports: Mapping[str, int], triton_workdir: Pat
         return cmd, base + "/", base, root / "flask_app"
     if name == "jupyter":
         port = ports["jupyter"]
-        nb = root / "notebooks"
         cmd = [py, "-m", "jupyterlab", "--no-browser", f"--ServerApp.ip={host}", f"--ServerApp.port={port}",
-               "--ServerApp.port_retries=0", f"--ServerApp.root_dir={nb if nb.is_dir() else root}",
+               "--ServerApp.port_retries=0", f"--ServerApp.root_dir={root}",  # notebooks/ and models_staging/ (edited by hand in 6)
                # The token is NOT an argument: /proc/<pid>/cmdline is world-readable, the
                # environment (/proc/<pid>/environ) is owner-only. Jupyter reads JUPYTER_TOKEN,
                # which start() puts in this process's environment.
