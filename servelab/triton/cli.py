@@ -154,7 +154,7 @@ def _cmd_status(args) -> int:
         ready = procs.http_status(f"{http}/v2/models/{name}/ready") == 200
         try:
             desc = describe_config(model_config(name, f"{state['host']}:{state['grpc_port']}"))
-        except Exception as err:  # noqa: BLE001 - report, keep going
+        except Exception as err:  # report it, keep going
             desc = f"{name}: {err}"
         stubs = [s for s in stub_processes(state["pid"], state["shm_prefix"]) if s.model == name]
         print(f"  {'READY' if ready else 'not ready'}  {desc}; {len(stubs)} stub process(es)")

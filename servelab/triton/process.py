@@ -128,7 +128,7 @@ def unload_all(grpc_url: str, admin_key: str | None, timeout: float = 30.0) -> N
             _unload_models(client, headers, timeout)
         finally:
             client.close()
-    except Exception:  # noqa: BLE001 - best effort; terminate() does the rest
+    except Exception:  # best effort; terminate() does the rest
         pass
 
 
@@ -155,7 +155,7 @@ def _unload_models(client, headers: dict | None, timeout: float) -> None:
 def _quiet(fn, *args, **kwargs) -> None:
     try:
         fn(*args, **kwargs)
-    except Exception:  # noqa: BLE001
+    except Exception:  # best effort
         pass
 
 

@@ -37,7 +37,7 @@ def test_snapshot_reads_the_models_entry_over_http():
     seen = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self):  # http.server's method name
             seen.append(self.path)
             body = json.dumps(DOC).encode()
             self.send_response(200)
