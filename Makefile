@@ -14,6 +14,7 @@ help:
 	@echo "make up / make down - keep the local stack running for the browser UI and Jupyter / stop it"
 	@echo "make models - build food11.pth / food11.onnx;  make site - render the lab as a static site"
 	@echo "make soak   - long soak run;  make fuzz - longer fuzzing run"
+	@echo "make kit-archive - dist/serve-system-chi.tar.gz (tracked files) for Trovi / Chameleon Jupyter"
 
 # One virtualenv with everything pinned in pyproject.toml.
 $(STAMP): pyproject.toml
