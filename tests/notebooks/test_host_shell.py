@@ -112,6 +112,28 @@ def _check_servelab_command(argv: list[str]) -> None:
         raise AssertionError(f"`python -m servelab {' '.join(argv)}` does not parse") from exc
 
 
+def _check_compose_command(argv: list[str], env_vars: list[str]) -> list[Path]:
+    """`docker compose -f FILE... VERB [SERVICES]`: files, variables, verb and services exist; the files."""
+    files = [compose_file(argv[i + 1]) for i, a in enumerate(argv) if a == "-f"]
+    assert files, f"{' '.join(argv)}: say which stack with -f"
+    for f in files:
+        assert f.is_file(), f"{f} does not exist"
+    specs = [load_compose(f) for f in files]
+    services = set().union(*[(s.get("services") or {}).keys() for s in specs])
+    text = "\n".join(f.read_text() for f in files)
+    for var in env_vars:
+        assert re.search(r"\$\{" + var + r"[:}\-?]", text), f"{var} is not a variable of {files}"
+    rest = [a for a in argv[2:] if a not in ("-f",) and not a.startswith("-") and not a.startswith(KIT_ON_NODE)]
+    verb, targets = rest[0], rest[1:]
+    assert verb in ("up", "down", "ps", "logs", "build", "restart", "config", "stop", "pull", "run"), verb
+    if verb == "run":  # `run --rm SERVICE [ARGS...]`: the service, then its command's arguments
+        assert "--rm" in argv, "one-shot containers are removed after the run"
+        targets = targets[:1]
+    for svc in targets:
+        assert svc in services, f"{svc} is not a service of {files}"
+    return files
+
+
 @pytest.mark.parametrize("name", SHELL_NOTEBOOKS)
 def test_host_commands_name_things_that_exist(name):
     commands = node_commands(name)
@@ -125,25 +147,7 @@ def test_host_commands_name_things_that_exist(name):
         if not argv:
             continue
         if argv[:2] == ["docker", "compose"]:
-            files = [compose_file(argv[i + 1]) for i, a in enumerate(argv) if a == "-f"]
-            assert files, f"{' '.join(argv)}: say which stack with -f"
-            for f in files:
-                assert f.is_file(), f"{f} does not exist"
-            files_used += files
-            specs = [load_compose(f) for f in files]
-            services = set().union(*[(s.get("services") or {}).keys() for s in specs])
-            text = "\n".join(f.read_text() for f in files)
-            for var in env_vars:
-                assert re.search(r"\$\{" + var + r"[:}\-?]", text), f"{var} is not a variable of {files}"
-            rest = [a for a in argv[2:] if a not in ("-f",) and not a.startswith("-")
-                    and not a.startswith(KIT_ON_NODE)]
-            verb, targets = rest[0], rest[1:]
-            assert verb in ("up", "down", "ps", "logs", "build", "restart", "config", "stop", "pull", "run"), verb
-            if verb == "run":  # `run --rm SERVICE [ARGS...]`: the service, then its command's arguments
-                assert "--rm" in argv, "one-shot containers are removed after the run"
-                targets = targets[:1]
-            for svc in targets:
-                assert svc in services, f"{svc} is not a service of {files}"
+            files_used += _check_compose_command(argv, env_vars)
         elif argv[0] == "docker" and argv[1] in ("exec", "logs", "restart", "stats"):
             container = next(a for a in argv[2:] if not a.startswith("-"))
             known = _container_names(list((REPO_ROOT / "docker").glob("docker-compose-*.yaml")))
@@ -287,10 +291,10 @@ def test_notebook_4_refuses_to_label_another_backends_data():
     import requests
 
     namespace = {"requests": requests}
-    exec(compile(ast.Module([func], []), "4_fastapi", "exec"), namespace)  # noqa: S102 (the notebook's code)
+    exec(compile(ast.Module([func], []), "4_fastapi", "exec"), namespace)  # the notebook's own code
 
     class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):  # http.server's method name
             body = b'{"status": "ok", "backend": "onnxruntime"}'
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
