@@ -38,7 +38,7 @@ Configs: ``load_config(path)``, ``config_to_dict``, ``describe_config``,
 ``localize_config`` (the local adaptations), ``build_repository`` (the
 runtime repository), all on Triton's own ``ModelConfig`` protobuf schema.
 
-perf_analyzer: ``perf_analyzer_env()`` (and :mod:`servelab.perf`).
+perf_analyzer: :mod:`servelab.perf` (``perf_analyzer_env``, ``install_shim``, ``run``).
 
 ``start(repo=None, *, models=None, host="127.0.0.1", http_port, grpc_port,
 metrics_port, admin_key=None, workdir=None, exit_timeout=3, timeout=240)``
@@ -100,7 +100,6 @@ from servelab.triton.install import (
     TritonInstall,
     find_install,
     gpu_count,
-    perf_analyzer_env,
 )
 from servelab.triton.process import StubProcess, read_state, state_path, stub_processes
 from servelab.triton.repository import build_repository, prepare_backends, sync_model
@@ -113,6 +112,6 @@ __all__ = [
     "Edit", "StubProcess", "TritonError", "TritonInstall", "TritonServer", "add_parser", "apply_edit",
     "build_repository", "config_to_dict", "config_to_text", "describe_config", "dict_to_config",
     "find_install", "gpu_count", "is_onnx_config", "is_runner_config", "load_config", "localize_config",
-    "model_config", "parse_config_text", "perf_analyzer_env", "prepare_backends", "read_state", "reload_model",
+    "model_config", "parse_config_text", "prepare_backends", "read_state", "reload_model",
     "running", "snapshot", "start", "state_path", "stats_delta", "stop_running", "stub_processes", "sync_model",
 ]

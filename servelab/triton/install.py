@@ -9,7 +9,6 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from servelab import procs
 
@@ -72,13 +71,6 @@ def gpu_count() -> int:
     if os.environ.get("SERVELAB_DEVICE", "").strip().lower() == "cpu":
         return 0
     return len([p for p in Path("/dev").glob("nvidia[0-9]*") if p.name[6:].isdigit()])
-
-
-def perf_analyzer_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment in which the venv's real perf_analyzer starts (see servelab.perf)."""
-    from servelab import perf
-
-    return perf.perf_analyzer_env(base)
 
 
 def server_env(install: TritonInstall) -> dict[str, str]:
