@@ -103,7 +103,8 @@ def bench_onnx(t, window_ms: int, ort_seconds: float) -> dict:
         for proto, client in (("http", f"-u {t.url}"), ("grpc", f"-i grpc -u {t.grpc_url}"),
                               # The client puts its tensors in system shared memory
                               # once; requests carry a reference, not 602 KB each.
-                              ("http+shm", f"-u {t.url} --shared-memory system")):
+                              # Registering shared memory is an admin API: it sends the key.
+                              ("http+shm", f"-u {t.url} --shared-memory system -H admin-key:{t.admin_key}")):
             ort_rate, ort_cpu = raw.measure(ort_seconds)
             before = t.snapshot(ONNX_MODEL)
             pids = [s.pid for s in t.stub_processes(ONNX_MODEL)] + [t.pid]

@@ -230,6 +230,14 @@ def _install_perf_shim(notes: list[str]) -> None:
         notes.append(f"perf_analyzer shim not installed: {err}")
 
 
+# Triton's admin APIs, all behind the admin key: loading/unloading models; registering shared
+# memory (a client could point Triton at any /dev/shm object it may open, a Python-backend
+# stub's own region included, and crash it); log verbosity and trace settings (which a web page
+# could otherwise change blind, as text/plain from a foreign Origin). Inference, health,
+# metadata and statistics stay open.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace")
+
+
 def _command(binary: TritonInstall, repo: Path, backends: Path, names: Sequence[str], *, host: str,
              http_port: int, grpc_port: int, metrics_port: int, admin_key: str, exit_timeout: int,
              log_verbose: int, shm_prefix: str, gpus: int, extra_args: Sequence[str]) -> list[str]:
@@ -242,8 +250,9 @@ def _command(binary: TritonInstall, repo: Path, backends: Path, names: Sequence[
         f"--http-address={host}", f"--http-port={http_port}",
         f"--grpc-address={host}", f"--grpc-port={grpc_port}",
         f"--metrics-address={host}", f"--metrics-port={metrics_port}",
-        f"--http-restricted-api=model-repository:{HTTP_ADMIN_HEADER}={admin_key}",
-        f"--grpc-restricted-protocol=model-repository:{HTTP_ADMIN_HEADER}={admin_key}",
+        # Every admin API needs the key: one flag per category (checked against tritonserver 2.51).
+        *[f"--http-restricted-api={api}:{HTTP_ADMIN_HEADER}={admin_key}" for api in RESTRICTED_APIS],
+        *[f"--grpc-restricted-protocol={api}:{HTTP_ADMIN_HEADER}={admin_key}" for api in RESTRICTED_APIS],
         f"--exit-timeout-secs={exit_timeout}",
         f"--log-verbose={log_verbose}",
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",

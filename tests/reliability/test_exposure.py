@@ -148,8 +148,12 @@ def test_compose_triton_restricts_the_repository_api(name):
     cfg = _stack(STACKS[name])
     cmd = _command(cfg["services"]["triton_server"])
     key = SECRETS["TRITON_ADMIN_KEY"]
-    assert f"--http-restricted-api=model-repository:admin-key={key}" in cmd, cmd
-    assert f"--grpc-restricted-protocol=model-repository:admin-key={key}" in cmd, cmd
+    for api in ("model-repository", "shared-memory", "logging", "trace"):  # the same as the local launcher
+        assert f"--http-restricted-api={api}:admin-key={key}" in cmd, cmd
+        assert f"--grpc-restricted-protocol={api}:admin-key={key}" in cmd, cmd
+    from servelab.triton import server
+
+    assert set(server.RESTRICTED_APIS) == {"model-repository", "shared-memory", "logging", "trace"}
     assert not any(c.startswith("--allow-http=false") for c in cmd)
     # The notebooks reload models from the Jupyter container: it holds the key.
     assert cfg["services"]["jupyter"]["environment"].get("TRITON_ADMIN_KEY") == key
@@ -290,3 +294,83 @@ def test_doctor_says_where_the_triton_key_is_visible(tmp_path):
     for opt in ("hidepid=2", "hidepid=invisible"):
         mounts.write_text(f"proc /proc proc rw,nosuid,relatime,{opt},gid=10 0 0\n")
         assert doctor.process_list_note(mounts) == ""
+
+
+# --------------------------------------------------------------------------
+# Triton's other admin APIs (issue 15, item 1): shared memory, logging, trace
+# --------------------------------------------------------------------------
+
+_ADMIN_HTTP = [
+    # Register a system shared-memory region: with it a client points Triton at any
+    # /dev/shm object the server may open (a stub's own region crashed Triton).
+    ("POST", "/v2/systemsharedmemory/region/probe/register", {"key": "/servelab_probe", "offset": 0, "byte_size": 64}),
+    ("GET", "/v2/systemsharedmemory/status", None),
+    ("POST", "/v2/systemsharedmemory/unregister", None),
+    ("POST", "/v2/cudasharedmemory/region/probe/register", {"raw_handle": {"b64": "AA=="}, "device_id": 0, "byte_size": 64}),
+    ("POST", "/v2/logging", {"log_verbose_level": 10}),
+    ("POST", "/v2/logging", {"log_info": False}),
+    ("GET", "/v2/logging", None),
+    ("POST", "/v2/trace/setting", {"trace_level": ["TIMESTAMPS"]}),
+    ("GET", "/v2/trace/setting", None),
+    ("POST", "/v2/models/food_classifier_onnx/trace/setting", {"trace_rate": "1"}),
+]
+
+
+@pytest.mark.parametrize("method,path,body", _ADMIN_HTTP, ids=[f"{m} {p}" for m, p, _ in _ADMIN_HTTP])
+def test_triton_admin_apis_need_the_key_over_http(triton, method, path, body):
+    url = f"{triton.http_url}{path}"
+    for headers in ({}, {"admin-key": "wrong"}):
+        r = requests.request(method, url, json=body, headers=headers, timeout=30)
+        assert r.status_code == 403, (headers, r.status_code, r.text[:200])
+        assert "admin-key" in r.text
+    # Inference stays open.
+    assert requests.get(f"{triton.http_url}/v2/models/food_classifier_onnx/ready", timeout=10).status_code == 200
+
+
+def test_triton_admin_apis_work_with_the_key(triton):
+    key = {"admin-key": triton.admin_key}
+    r = requests.get(f"{triton.http_url}/v2/logging", headers=key, timeout=30)
+    assert r.status_code == 200 and "log_info" in r.json()
+    assert requests.get(f"{triton.http_url}/v2/systemsharedmemory/status", headers=key, timeout=30).status_code == 200
+    assert requests.get(f"{triton.http_url}/v2/trace/setting", headers=key, timeout=30).status_code == 200
+
+
+def test_a_web_page_cannot_change_tritons_logging_blind(triton):
+    """What a page a student visits can send to 127.0.0.1:8000 without a CORS
+    preflight: text/plain, a foreign Origin, no custom header."""
+    key = {"admin-key": triton.admin_key}
+    before = requests.get(f"{triton.http_url}/v2/logging", headers=key, timeout=30).json()
+    for body in ('{"log_info": false}', '{"log_verbose_level": 10}'):
+        r = requests.post(f"{triton.http_url}/v2/logging", data=body, timeout=30,
+                          headers={"Content-Type": "text/plain", "Origin": "http://attacker.example"})
+        assert r.status_code == 403, (r.status_code, r.text[:200])
+    assert requests.get(f"{triton.http_url}/v2/logging", headers=key, timeout=30).json() == before
+
+
+def test_triton_admin_apis_need_the_key_over_grpc(triton):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from servelab.triton import GRPC_ADMIN_HEADER
+
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    try:
+        calls = {
+            "register shared memory": lambda h: client.register_system_shared_memory(
+                "probe", "/servelab_probe", 64, headers=h),
+            "shared memory status": lambda h: client.get_system_shared_memory_status(headers=h),
+            "log settings": lambda h: client.update_log_settings({"log_verbose_level": 10}, headers=h),
+            "read log settings": lambda h: client.get_log_settings(headers=h),
+            "trace settings": lambda h: client.update_trace_settings(settings={"trace_rate": "1"}, headers=h),
+        }
+        for name, call in calls.items():
+            for headers in (None, {GRPC_ADMIN_HEADER: "wrong"}):
+                with pytest.raises(InferenceServerException) as err:
+                    call(headers)
+                text = str(err.value).lower()
+                assert "admin-key" in text or "restricted" in text or "unavailable" in text, (name, err.value)
+        assert client.is_model_ready("food_classifier_onnx")
+        settings = client.get_log_settings(headers={GRPC_ADMIN_HEADER: triton.admin_key}, as_json=True)
+        assert "settings" in settings
+    finally:
+        client.close()
