@@ -161,7 +161,7 @@ def bench_counts(t, window_ms: int, rounds: int, input_dir: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = script.Parser(__doc__, rounds=2)  # rounds: count 1 / count 2 alternations
-    ap.sized("--window-ms", type=int, full=5000, quick=2000, tiny=1500, help="perf_analyzer measurement window")
+    ap.sized("--window-ms", type=int, full=5000, quick=2500, tiny=2500, help="perf_analyzer measurement window")
     ap.sized("--ort-seconds", type=float, full=6.0, quick=2.0, tiny=0.3)
     ap.add_argument("--skip-onnx", action="store_true")
     ap.add_argument("--skip-counts", action="store_true")
