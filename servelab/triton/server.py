@@ -263,6 +263,26 @@ def _command(binary: TritonInstall, repo: Path, backends: Path, names: Sequence[
     ]
 
 
+def _guard_shm(proc: subprocess.Popen, shm_prefix: str, every_s: float = 0.2) -> threading.Thread:
+    """Keep the Python backend's shared-memory regions (``/dev/shm/<prefix>*``:
+    every tensor a stub receives or returns) owner-only. The backend creates
+    them mode 0644 whatever the umask, and more appear when a model (re)loads,
+    so a daemon thread narrows them to 0600 for as long as tritonserver runs."""
+    def guard():
+        while proc.poll() is None:
+            for region in Path("/dev/shm").glob(f"{shm_prefix}*"):
+                try:
+                    if region.stat().st_mode & 0o077:
+                        os.chmod(region, 0o600)
+                except OSError:  # removed meanwhile
+                    pass
+            time.sleep(every_s)
+
+    thread = threading.Thread(target=guard, name=f"shm-guard-{proc.pid}", daemon=True)
+    thread.start()
+    return thread
+
+
 def _spawn(cmd: Sequence[str], binary: TritonInstall, workdir: Path, log_path: Path) -> subprocess.Popen:
     in_main_thread = threading.current_thread() is threading.main_thread()
     with open(log_path, "ab") as log:
@@ -317,6 +337,7 @@ def start(repo: str | os.PathLike | None = None, *, models: Sequence[str] | None
         exit_timeout=exit_timeout, _own_workdir=own,
     )
     _LIVE.add(server)
+    _guard_shm(server.proc, shm_prefix)
     try:
         _wait_ready(server, timeout)
     except BaseException:

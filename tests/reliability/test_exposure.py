@@ -374,3 +374,20 @@ def test_triton_admin_apis_need_the_key_over_grpc(triton):
         assert "settings" in settings
     finally:
         client.close()
+
+
+def test_triton_shared_memory_regions_are_owner_only(triton):
+    """The Python backend's regions hold every tensor its stubs see; the
+    backend creates them 0644, the launcher narrows them to 0600."""
+    import glob
+    import time
+
+    regions = glob.glob(f"/dev/shm/{triton.shm_prefix}*")
+    assert regions, f"no /dev/shm/{triton.shm_prefix}* regions?"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        modes = {r: os.stat(r).st_mode & 0o777 for r in glob.glob(f"/dev/shm/{triton.shm_prefix}*")}
+        if all(m == 0o600 for m in modes.values()):
+            break
+        time.sleep(0.2)
+    assert all(m == 0o600 for m in modes.values()), {r: oct(m) for r, m in modes.items()}
