@@ -5,8 +5,8 @@
    (servelab's Python-backend runner on onnxruntime) with dynamic batching,
    perf_analyzer at concurrency 16. Target: Triton >= 0.95 x raw ORT.
 2. PyTorch: ``food_classifier`` (Python backend) at concurrency 8 with
-   ``instance_group count: 2`` vs ``count: 1`` (model.py gives each
-   instance cores / instances threads). Target on a 2-core machine: >= 1.6x.
+   ``instance_group count: 2`` vs ``count: 1`` (model.py gives an instance
+   alone every core, busy instances a share each). Target on 2 cores: >= 1.6x.
 
 Each Triton run is paired with a raw-ORT run just before it, and the
 count 1 / count 2 runs alternate, so slow drift on a shared machine hits
@@ -152,7 +152,7 @@ def bench_counts(t, window_ms: int, rounds: int, input_dir: Path) -> dict:
             cores = cpu / (time.perf_counter() - wall0)
             per_request = delta["per_request_ms"]
             figures[count].append(r["throughput"])
-            print(f"  {PT_MODEL} count {count} ({max(1, procs.cpu_cores() // count)} thread(s) each), "
+            print(f"  {PT_MODEL} count {count} ({max(1, procs.cpu_cores() // count)} thread(s) each when all busy), "
                   f"c8: {r['throughput']:6.1f} infer/s, compute {per_request.get('compute_infer', 0.0):3.0f} ms, "
                   f"queue {per_request.get('queue', 0.0):3.0f} ms, CPU {cpu / max(1, delta['inferences']) * 1000:4.1f} "
                   f"ms/inference, server used {cores:.2f} of {procs.cpu_cores()} cores")
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-onnx", action="store_true")
     ap.add_argument("--skip-counts", action="store_true")
     ap.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE"], default=None,
-                    help="OMP_WAIT_POLICY for the server (servelab's default is PASSIVE)")
+                    help="OMP_WAIT_POLICY for the server (servelab sets none: libgomp's default)")
     args = ap.parse_args(argv)
     if args.omp_wait_policy:
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
         return 2
     perf.install_shim()
     print(f"machine: {procs.cpu_cores()} cores, load average {os.getloadavg()[0]:.1f} at start, "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'PASSIVE (servelab default)')}")
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset (libgomp default)')}")
     out: dict = {"cores": procs.cpu_cores(), "load_start": os.getloadavg()[0]}
     with triton.running(http_port=procs.free_port(), grpc_port=procs.free_port(),
                         metrics_port=procs.free_port(), write_state=False) as t:

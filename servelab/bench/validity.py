@@ -237,10 +237,9 @@ class LoopTicker:
 
 
 def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        return os.cpu_count() or 1
+    from servelab import procs  # the kit's one core count (affinity, cgroup quota)
+
+    return procs.cpu_cores()
 
 
 def assess(*, mode: str, sent: int, late: int | None, held: int, ticker: dict, cpu: dict,

@@ -63,8 +63,9 @@ What "local" changes, said plainly in the output
   honouring the same IO names, ``max_batch_size``, ``instance_group`` and
   ``dynamic_batching``. models_staging/ keeps the onnxruntime config the
   container uses.
-* The server's environment gets ``OMP_WAIT_POLICY=PASSIVE`` unless you set
-  it: PyTorch's spinning OpenMP threads collapse on a few shared cores.
+* No OpenMP wait policy is set (library default: spin briefly, then sleep);
+  a model instance alone uses every core, busy instances share them
+  (``servelab/threads.py``).
 * Everything listens on 127.0.0.1; the model-repository API (load/unload)
   requires the admin key over HTTP (header ``admin-key``) and gRPC (header
   ``triton-grpc-protocol-admin-key``).
