@@ -40,11 +40,18 @@ def _start(tmp_path, repo, command):
     return server, base, ports[0]
 
 
-def _healthcheck(rendered_test: list[str], port: int) -> int:
-    """Run the container's health check command (CMD python3 -c SCRIPT) against this server."""
-    assert rendered_test[:3] == ["CMD", "python3", "-c"]
-    script = rendered_test[3].replace("127.0.0.1:8000", f"127.0.0.1:{port}")
-    return subprocess.run([sys.executable, "-c", script], timeout=60).returncode
+def _healthcheck(healthcheck: dict, port: int) -> int:
+    """Run the container's health check (CMD python3 -c SCRIPT) against this server as Docker
+    does: up to `retries` attempts (a busy test machine can miss one 4 s answer); 0 = healthy."""
+    test = healthcheck["test"]
+    assert test[:3] == ["CMD", "python3", "-c"]
+    script = test[3].replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+    code = 1
+    for _ in range(int(healthcheck.get("retries", 3))):
+        code = subprocess.run([sys.executable, "-c", script], timeout=60, check=False).returncode
+        if code == 0:
+            break
+    return code
 
 
 def test_one_failing_model_leaves_the_other_serving_and_the_stack_healthy(tmp_path, empty_env_file, built_models):
@@ -55,12 +62,12 @@ def test_one_failing_model_leaves_the_other_serving_and_the_stack_healthy(tmp_pa
     compose.cpu_repository(REPO / "models_staging", repo)  # both models; the ONNX one cannot load here
     server, base, port = _start(tmp_path, repo, command)
     try:
-        procs.wait_http_ok(f"{base}/v2/models/food_classifier/ready", timeout=120, server=server)
+        procs.wait_http_ok(f"{base}/v2/models/food_classifier/ready", timeout=300, server=server)
         assert server.alive(), "Triton exited because one model failed"
         assert procs.http_status(f"{base}/v2/models/food_classifier/ready") == 200
         assert procs.http_status(f"{base}/v2/models/food_classifier_onnx/ready") == 400
         assert procs.http_status(f"{base}/v2/health/ready") == 200
-        assert _healthcheck(svc["healthcheck"]["test"], port) == 0
+        assert _healthcheck(svc["healthcheck"], port) == 0
         assert "food_classifier_onnx" in server.log_tail(200)  # the log names the model that failed
     finally:
         server.stop(timeout=20)
@@ -75,10 +82,10 @@ def test_no_loadable_model_fails_the_health_check(tmp_path, empty_env_file):
     shutil.rmtree(repo / "food_classifier")  # only the ONNX model is left, and it cannot load here
     server, base, port = _start(tmp_path, repo, svc["command"])
     try:
-        procs.wait_http_ok(f"{base}/v2/health/live", timeout=120, server=server)
+        procs.wait_http_ok(f"{base}/v2/health/live", timeout=300, server=server)
         assert server.alive()
         assert procs.http_status(f"{base}/v2/models/food_classifier_onnx/ready") == 400
-        assert _healthcheck(svc["healthcheck"]["test"], port) == 1
+        assert _healthcheck(svc["healthcheck"], port) == 1
     finally:
         server.stop(timeout=20)
         print(server.log_tail(30))
