@@ -542,7 +542,7 @@ def check_env_file(env_file: Path) -> Result:
     missing = compose.missing_secrets(env_file)
     if missing:
         return Result("Secrets in docker/.env", FAIL, f"missing or placeholder: {', '.join(missing)}",
-                      "python -m servelab doctor --write-env   (random values, file mode 0600, git-ignored)")
+                      "python3 -m servelab.doctor --write-env   (random values, file mode 0600, git-ignored)")
     mode = env_file.stat().st_mode & 0o777
     if mode & 0o077:
         return Result("Secrets in docker/.env", WARN, f"readable by others (mode {mode:o})", f"chmod 600 {env_file}")
