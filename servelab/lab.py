@@ -17,8 +17,32 @@ CHECK_PASS = "✔ as expected"
 CHECK_FAIL = "✘ not what the lesson predicts"
 
 
-def check(passed: bool, expected: str, measured: str) -> None:
-    """Tell the learner whether a measurement shows what it should (prints one ✔ or ✘ line)."""
+CHECK_INCONCLUSIVE = "? inconclusive: the machine was busy"
+
+
+def _validity(run) -> dict:
+    """A bench ``Result``'s validity, or a perf_analyzer figures dict's (``show``)."""
+    v = run.get("validity") if isinstance(run, dict) else getattr(run, "validity", None)
+    return v or {}
+
+
+def _valid(run) -> bool:
+    return bool(_validity(run).get("valid", True))
+
+
+def check(passed: bool, expected: str, measured: str, runs=()) -> None:
+    """Tell the learner whether a measurement shows what it should (prints one ✔ or ✘ line).
+
+    ``runs``: the ``servelab.bench`` results (or perf_analyzer figures from
+    the notebook's ``show``) the check rests on; when one of
+    them is invalid (the client missed its schedule, or other work took the
+    CPU) the line says *inconclusive* instead: that run is not evidence."""
+    bad = [r for r in runs if not _valid(r)]
+    if bad:
+        why = "; ".join(", ".join(_validity(r).get("reasons", [])) for r in bad[:2])
+        print(f"{CHECK_INCONCLUSIVE}: {expected}\n    measured: {measured}\n    not evidence: {why}")
+        print("    (run the cell again when the machine is quieter)")
+        return
     mark = CHECK_PASS if passed else CHECK_FAIL
     print(f"{mark}: {expected}\n    measured: {measured}")
     if not passed:

@@ -270,3 +270,72 @@ def assess(*, mode: str, sent: int, late: int | None, held: int, ticker: dict, c
     v.valid = not v.reasons
     return v
 
+
+
+class Watch:
+    """Validity for runs the kit does not drive (perf_analyzer from a shell).
+
+    As a context manager, it judges what ran inside it::
+
+        with Watch("127.0.0.1:8000") as w:
+            subprocess.run([...])
+        w.valid, w.validity
+
+    Or kept open, ``verdict()`` judges the time since the last verdict (and
+    starts a new window): a notebook calls it right after each perf_analyzer
+    run. Only the machine can be judged here (there is no send schedule to
+    check): other work above ``MAX_OTHER_CORES``, counting this process and
+    its finished children (the load generator) as the client and the server
+    found by its port. A server elsewhere cannot be told apart from other
+    work: then nothing is judged and runs count as valid.
+    """
+
+    def __init__(self, url: str | None = None, label: str = "run"):
+        self.label = label
+        pids = []
+        if url:
+            from servelab.bench import http
+            try:
+                host, port, _ = http.split_url(url)
+                if host in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
+                    pid = listening_pid(port)
+                    pids = [pid] if pid else []
+            except ValueError:
+                pids = []
+        self.pids = pids
+        self.judged = bool(pids)
+        self.validity: dict | None = None
+        self._start()
+
+    def _start(self) -> None:
+        t = os.times()
+        self._children0 = t.children_user + t.children_system
+        self.meter = CPUMeter(self.pids)
+        self.meter.start()
+
+    def verdict(self) -> dict:
+        """Judge the window since the last verdict (or the start); open a new one."""
+        cpu = self.meter.stop()
+        t = os.times()
+        children = (t.children_user + t.children_system - self._children0) / cpu["wall_s"]
+        cpu["client_process_cores"] = (cpu.get("client_process_cores") or 0.0) + children
+        cpu["client_cpu"] = None
+        if self.judged and cpu.get("host_cores") is not None and cpu.get("server_cores") is not None:
+            cpu["other_cores"] = min(cpu["host_cores"], max(
+                0.0, cpu["host_cores"] - cpu["client_process_cores"] - cpu["server_cores"]))
+        else:
+            cpu["other_cores"] = None
+        self.validity = assess(mode="closed", sent=0, late=None, held=0, ticker={}, cpu=cpu).as_dict()
+        self._start()
+        return self.validity
+
+    def __enter__(self) -> "Watch":
+        self._start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.verdict()
+
+    @property
+    def valid(self) -> bool:
+        return self.validity is None or bool(self.validity["valid"])

@@ -101,3 +101,34 @@ def test_overload_wait_counts_held_sends(tiny_server):
 def test_warm_sends_unmeasured_requests(tiny_server):
     r = load.warm(bench.HTTPTarget(tiny_server, "/ok"), requests=6, concurrency=3)
     assert r.sent == 6 and r.ok == 6 and r.label == "warm-up"
+
+
+def test_watch_judges_a_foreign_load_generator(tiny_server):
+    """perf_analyzer-style runs (a child process the kit does not drive):
+    the watch counts finished children as the client, other work as other."""
+    w = validity.Watch(tiny_server)  # the server is this process: judged as the client's own
+    subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True)
+    v = w.verdict()
+    assert v["client_process_cores"] > 0 and "valid" in v
+    hog = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<20: pass"])
+    try:
+        time.sleep(1.0)
+        v = w.verdict()
+    finally:
+        hog.kill()
+        hog.wait()
+    assert not v["valid"] and any("other work" in x for x in v["reasons"])
+    # a server on no port of this machine: nothing to tell it from other work, nothing judged
+    with validity.Watch("10.255.255.1:8000") as far:
+        time.sleep(0.1)
+    assert far.valid and far.validity["other_cores"] is None
+
+
+def test_lab_check_says_inconclusive(capsys):
+    from servelab import lab
+    bad = {"throughput": 1.0, "validity": {"valid": False, "reasons": ["other work used 1.00 of 2 cores"]}}
+    lab.check(True, "a lesson", "a figure", [bad])
+    out = capsys.readouterr().out
+    assert out.startswith(lab.CHECK_INCONCLUSIVE) and "other work" in out and lab.CHECK_PASS not in out
+    lab.check(False, "a lesson", "a figure", [{"validity": {"valid": True, "reasons": []}}])
+    assert capsys.readouterr().out.startswith(lab.CHECK_FAIL)
