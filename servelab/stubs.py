@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,9 +144,35 @@ def per_device(model: str | None = None, grpc_url: str | None = None) -> dict[st
     return {"CPU": stubs} if stubs else {}
 
 
-def show(model: str | None = None, grpc_url: str | None = None) -> dict[str, list[Stub]]:
-    """Print the Triton stub processes per device; return them (see :func:`per_device`)."""
-    grouped = per_device(model, grpc_url)
+def expected_instances(model: str, grpc_url: str) -> int | None:
+    """How many copies Triton says ``model`` runs now (count x GPUs listed), or None."""
+    try:
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(grpc_url)
+        try:
+            config = client.get_model_config(model, as_json=True)["config"]
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - no client library, no server: nothing to wait for
+        return None
+    return sum(int(g.get("count", 1)) * max(1, len(g.get("gpus") or [])) for g in config.get("instance_group", []))
+
+
+def show(model: str | None = None, grpc_url: str | None = None, settle_s: float = 20.0) -> dict[str, list[Stub]]:
+    """Print the Triton stub processes per device; return them (see :func:`per_device`).
+
+    Right after a reload the previous copies are still shutting down: with a
+    model and ``grpc_url`` given, wait (up to ``settle_s``) until the processes
+    match the number of copies Triton reports."""
+    expected = expected_instances(model, grpc_url) if model and grpc_url else None
+    deadline = time.monotonic() + settle_s
+    while True:
+        grouped = per_device(model, grpc_url)
+        count = sum(len(v) for v in grouped.values())
+        if not count or expected is None or count == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     what = f"model {model}" if model else "all models"
     if not any(grouped.values()):
         print(f"No Triton Python-backend process is visible from here ({what}).\n"
@@ -162,4 +189,6 @@ def show(model: str | None = None, grpc_url: str | None = None) -> dict[str, lis
         print(f"  {device}: {len(stubs)} process(es)")
         for s in stubs:
             print(f"    pid {s.pid:<8} {s.instance:<28} {s.rss_mb:7.0f} MB")
+    if expected is not None and count != expected:
+        print(f"  (Triton reports {expected} copies; the others are still starting or shutting down: run the cell again)")
     return grouped
