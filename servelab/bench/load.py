@@ -422,7 +422,8 @@ class _Engine:
             late=late, send_lag_ms=send_lag, max_in_flight_seen=max_seen, held=held, dropped=dropped,
         )
         result.validity = validity.assess(mode=pat.mode, sent=result.sent, late=late, held=held,
-                                          ticker=tick, cpu=cpu).as_dict()
+                                          ticker=tick, cpu=cpu, late_after_ms=pat.late_after_ms,
+                                          p50_ms=result.latency.get("p50_ms")).as_dict()
         for o in observers:
             await o.after(result)
         return result

@@ -9,8 +9,10 @@ share the cores, neither is a given. Every run records:
   because the in-flight cap was full are the server falling behind (a queue
   growing), not the client: they are counted apart (``held``).
 * **loop lag**: a 10 ms ticker on the client's event loop; a tick later than
-  ``late_after_ms`` means the client could not have sent or timed anything
-  on time then (closed loops have no schedule, this is theirs).
+  ``late_after_ms`` (and than a tenth of the run's median latency: a lag
+  that small cannot change what the run shows) means the client could not
+  have sent or timed anything on time then (closed loops have no schedule,
+  this is theirs).
 * **client CPU**: CPU time of the event-loop thread over the run's wall
   time. Near 1.0 the client is saturated and measures itself.
 * **server CPU** (when the server's processes are known: found by the
@@ -210,6 +212,7 @@ class LoopTicker:
         self.ticks = 0
         self.late = 0
         self.max_lag = 0.0
+        self.lags: list[float] = []
         self._task: asyncio.Task | None = None
 
     async def _run(self) -> None:
@@ -219,6 +222,7 @@ class LoopTicker:
             await asyncio.sleep(TICK_S)
             lag = perf() - t - TICK_S
             self.ticks += 1
+            self.lags.append(lag)
             self.max_lag = max(self.max_lag, lag)
             if lag > self.late_after:
                 self.late += 1
@@ -233,7 +237,8 @@ class LoopTicker:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        return {"ticks": self.ticks, "late": self.late, "max_lag_ms": self.max_lag * 1000}
+        return {"ticks": self.ticks, "late": self.late, "max_lag_ms": self.max_lag * 1000,
+                "lags_ms": [x * 1000 for x in self.lags]}
 
 
 def cores() -> int:
@@ -244,7 +249,8 @@ def cores() -> int:
 
 def assess(*, mode: str, sent: int, late: int | None, held: int, ticker: dict, cpu: dict,
            max_late_fraction: float = MAX_LATE_FRACTION, max_client_cpu: float = MAX_CLIENT_CPU,
-           max_other_cores: float = MAX_OTHER_CORES) -> Validity:
+           max_other_cores: float = MAX_OTHER_CORES, late_after_ms: float = 5.0,
+           p50_ms: float | None = None) -> Validity:
     """The verdict on one run from what it recorded."""
     v = Validity(valid=True, held=held, cores=cores())
     if mode == "open" and late is not None and sent:
@@ -253,7 +259,11 @@ def assess(*, mode: str, sent: int, late: int | None, held: int, ticker: dict, c
             v.reasons.append(f"the client sent {100 * v.late_fraction:.1f}% of requests late "
                              f"(limit {100 * max_late_fraction:g}%)")
     if ticker.get("ticks"):
-        v.tick_late_fraction = ticker["late"] / ticker["ticks"]
+        late_ticks = ticker["late"]
+        if "lags_ms" in ticker:
+            limit = max(late_after_ms, 0.1 * p50_ms) if p50_ms and p50_ms == p50_ms else late_after_ms
+            late_ticks = sum(lag > limit for lag in ticker["lags_ms"])
+        v.tick_late_fraction = late_ticks / ticker["ticks"]
         v.tick_lag_max_ms = ticker["max_lag_ms"]
         if v.tick_late_fraction > max_late_fraction:
             v.reasons.append(f"the client's event loop woke late in {100 * v.tick_late_fraction:.1f}% of ticks "

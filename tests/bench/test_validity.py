@@ -132,3 +132,13 @@ def test_lab_check_says_inconclusive(capsys):
     assert out.startswith(lab.CHECK_INCONCLUSIVE) and "other work" in out and lab.CHECK_PASS not in out
     lab.check(False, "a lesson", "a figure", [{"validity": {"valid": True, "reasons": []}}])
     assert capsys.readouterr().out.startswith(lab.CHECK_FAIL)
+
+
+def test_loop_lag_counts_relative_to_what_is_measured():
+    lags = [1.0] * 95 + [8.0] * 5          # 5 % of ticks 8 ms late
+    ticker = {"ticks": 100, "late": 5, "max_lag_ms": 8.0, "lags_ms": lags}
+    cpu = {"client_cpu": 0.1}
+    # a 20 ms median: an 8 ms lag distorts it, the run is not evidence
+    assert not validity.assess(mode="closed", sent=100, late=None, held=0, ticker=ticker, cpu=cpu, p50_ms=20).valid
+    # a 500 ms median (16 clients queueing): 8 ms is noise next to it
+    assert validity.assess(mode="closed", sent=100, late=None, held=0, ticker=ticker, cpu=cpu, p50_ms=500).valid
