@@ -44,6 +44,22 @@ def share_of(cores: int, busy: int) -> int:
     return max(1, cores // max(1, busy))
 
 
+def _remove_stale(folder: str) -> None:
+    """Delete the (empty) lock files of servers that are gone."""
+    prefix = f"servelab-cores-{os.getuid()}-"
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not procs.pid_alive(int(pid)):
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
+
+
 class CoreShare:
     """Hands each inference its share of the cores (see the module doc).
 
@@ -70,6 +86,7 @@ class CoreShare:
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in group)
             folder = lock_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
             server = os.getppid() if server is None else server
+            _remove_stale(folder)
             path = os.path.join(folder, f"servelab-cores-{os.getuid()}-{server}-{safe}")
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         self.last = self.cores    # threads handed to the latest inference (for logs and tests)

@@ -42,6 +42,22 @@ EXPECTED = {
                    and all(r["count"] > 0 and r["throughput"] > 0 and "p99_ms" in r
                            for runs in d["results"].values() for r in runs)),
     ),
+    "bench_naive.py": (
+        [], {0},
+        ["[1] Triton Python backend", "naive c1", "kit count1 c1", "naive c8", "kit count1 c8", "kit count2 c1",
+         "kit count2 c8", "naive count2 default threads c8", "naive count2 1 thread c8",
+         "[2] Triton ONNX", "ONNX c16 http ", "ONNX c16 http+shm", "[3] FastAPI", "kit_onnx   seq",
+         "naive_onnx seq", "kit_pt     c16", "naive_pt   c16", "[4] idle CPU", "tritonserver", "Targets (issue 14)",
+         "Triton food_classifier count 1 / naive, concurrency 1", "Triton food_classifier count 1 / naive, concurrency 8",
+         "count 2 / count 1, concurrency 8", "count 2 / naive count 2 (best thread setting), concurrency 8",
+         "count 2 / count 1, concurrency 1", "FastAPI ONNX sequential / naive", "FastAPI PyTorch sequential / naive",
+         "FastAPI ONNX 16 clients / naive", "FastAPI PyTorch 16 clients / naive",
+         "CPU of the busiest idle server process", "Triton ONNX + dynamic batching c16, HTTP / raw ORT b16",
+         "Triton ONNX + dynamic batching c16, HTTP+shm / raw ORT b16"],
+        lambda d: (len(d["rows"]) == 12 and all(r["verdict"] in ("PASS", "FAIL") or r["verdict"].startswith("INCONCLUSIVE")
+                                                for r in d["rows"])
+                   and len(d["idle_cpu_percent"]) >= 7),  # 4 uvicorns, tritonserver, >= 2 stubs
+    ),
     "bench_harness.py": (
         [], {0, 1},  # 1: a target missed (tiny runs are too short to sustain a rate)
         [f"{kind:<10} {name}" for kind in ("raw", "uvicorn")

@@ -46,6 +46,13 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
+        # This instance is busy from here to the return (decoding uses a core
+        # too), so other instances see it and take a share, and so do we.
+        with self.cores.threads() as n:
+            torch.set_num_threads(n)  # all cores alone, a share when instances run together
+            return self.run(requests)
+
+    def run(self, requests):
         responses = [None] * len(requests)
         images, owners = [], []  # preprocessed images, and which request each came from
 
@@ -66,8 +73,7 @@ class TritonPythonModel:
         predictions = []
         if images:
             batch = torch.from_numpy(np.stack(images)).to(self.device)
-            with self.cores.threads() as n, torch.inference_mode():
-                torch.set_num_threads(n)  # all cores alone, a share when instances run together
+            with torch.inference_mode():
                 logits = self.model(batch).cpu().numpy()
             predictions = food11.predict_from_logits(logits)  # softmax, then top-1
             pb_utils.Logger.log_info(f"served a batch of {len(images)} image(s) from {len(requests)} request(s)")

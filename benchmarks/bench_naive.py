@@ -1,0 +1,333 @@
+"""Never slower than the naive code: the kit beside a naive reference, in one run (issue 14).
+
+The naive reference (benchmarks/naive/) is what a student would write from
+the lab's own snippets: a minimal FastAPI app calling ONNX Runtime / PyTorch
+with library defaults, one model call per request, and a Python-backend
+model.py with torch defaults (no thread or wait settings). It runs beside the
+kit's services (fastapi_onnx/, fastapi_pt/) and models (models_staging/), on
+the same photo (servelab/samples/soup_bowl.jpg), with the same clients: the
+notebook's `requests` loop (sequential, and 16 clients in a thread pool) for
+FastAPI, perf_analyzer with an input.json made from that photo for Triton.
+
+    .venv/bin/python benchmarks/bench_naive.py [--rounds 2] [--quick | --tiny] [--json out.json]
+
+Each figure is the best of ``--rounds`` (other load can only slow a round
+down), and kit and naive alternate inside every round, so a ratio compares
+figures taken a few seconds apart. Prints every row of the issue's target
+table with its target and PASS/FAIL, then the raw figures. Exit status 0
+whatever the verdicts (a measurement, not a test); ``--strict`` exits 1 on a
+FAIL. On a shared machine, read the load average printed with the table.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import requests
+
+from servelab import food11, paths, perf, procs, samples, triton
+from servelab.bench import script
+
+REPO = Path(__file__).resolve().parents[1]
+NAIVE = Path(__file__).resolve().parent / "naive"
+PHOTO = paths.SAMPLES_DIR / samples.INPUT_JSON_SAMPLE
+NAN = float("nan")
+KIT_PT, NAIVE_PT, ONNX_MODEL = "food_classifier", "food_classifier_naive", "food_classifier_onnx"
+
+
+# --------------------------------------------------------------------------
+# FastAPI: the kit's services and the naive apps, the notebook's client loop
+# --------------------------------------------------------------------------
+
+def start_fastapi(name: str, app: str, cwd: Path, model: Path, log_dir: Path) -> procs.Server:
+    port = procs.free_port()
+    server = procs.start(name, [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
+                                "--log-level", "warning", "--no-access-log"],
+                         f"http://127.0.0.1:{port}", log_path=log_dir / f"{name}.log",
+                         env={"MODEL_PATH": str(model), "PYTHONPATH": str(REPO)}, cwd=cwd)
+    return server
+
+
+def post_once(url: str, payload: dict) -> float | None:
+    """The notebook's post_once: latency in seconds, None if it failed."""
+    t0 = time.perf_counter()
+    try:
+        ok = requests.post(f"{url}/predict", json=payload, timeout=60).status_code == 200
+    except requests.RequestException:
+        ok = False
+    return time.perf_counter() - t0 if ok else None
+
+
+def notebook_loop(url: str, payload: dict, n: int, clients: int) -> dict:
+    """The notebook's time_sequential (clients=1) / time_concurrent loops."""
+    start = time.perf_counter()
+    if clients == 1:
+        results = [post_once(url, payload) for _ in range(n)]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=clients) as pool:
+            results = list(pool.map(lambda _: post_once(url, payload), range(n)))
+    wall = time.perf_counter() - start
+    ok = [r for r in results if r is not None]
+    out = script.summary(ok or [float("nan")], wall)
+    out["count"], out["failed"] = len(ok), len(results) - len(ok)
+    out["throughput"] = len(ok) / wall
+    return out
+
+
+def bench_fastapi(args, log_dir: Path, payload: dict, servers: dict) -> dict:
+    specs = {
+        "kit_onnx": ("fastapi_onnx", "app:app", REPO / "fastapi_onnx", REPO / "fastapi_onnx" / "food11.onnx"),
+        "naive_onnx": ("naive_onnx", "fastapi_onnx_naive:app", NAIVE, REPO / "fastapi_onnx" / "food11.onnx"),
+        "kit_pt": ("fastapi_pt", "app:app", REPO / "fastapi_pt", REPO / "fastapi_pt" / "food11.pth"),
+        "naive_pt": ("naive_pt", "fastapi_pt_naive:app", NAIVE, REPO / "fastapi_pt" / "food11.pth"),
+    }
+    for key, (name, app, cwd, model) in specs.items():
+        servers[key] = start_fastapi(name, app, cwd, model, log_dir)
+    for key, server in servers.items():
+        procs.wait_http_ok(f"{server.url}/docs" if key.startswith("naive") else f"{server.url}/health",
+                           timeout=120, server=server)
+    runs: dict = {f"{k}/{mode}": [] for k in specs for mode in ("seq", "c16")}
+    for _ in range(args.rounds):
+        for backend in ("onnx", "pt"):
+            for key in (f"kit_{backend}", f"naive_{backend}"):   # warm both (first requests allocate)
+                notebook_loop(servers[key].url, payload, args.warmup, 1)
+            for mode, n, clients in (("seq", args.requests, 1), ("c16", args.concurrent_requests, 16)):
+                for key in (f"kit_{backend}", f"naive_{backend}"):
+                    r = notebook_loop(servers[key].url, payload, n, clients)
+                    runs[f"{key}/{mode}"].append(r)
+                    print(f"  {key:10} {mode:4} {r['throughput']:6.1f} req/s  p50 {r['p50_ms']:6.1f} ms  "
+                          f"p95 {r['p95_ms']:6.1f} ms  ({r['count']} ok, {r['failed']} failed)", flush=True)
+    return {k: script.best(v) for k, v in runs.items()} | {"runs": runs}
+
+
+# --------------------------------------------------------------------------
+# Triton: kit food_classifier vs the naive model.py; ONNX vs raw ORT
+# --------------------------------------------------------------------------
+
+def staging_with_naive(dest: Path) -> Path:
+    """models_staging/ plus the naive model (with the kit's weights) in one repository."""
+    for name in (KIT_PT, ONNX_MODEL):
+        shutil.copytree(paths.MODELS_STAGING / name, dest / name, symlinks=False)
+    shutil.copytree(NAIVE / NAIVE_PT, dest / NAIVE_PT)
+    shutil.copy2(paths.MODELS_STAGING / KIT_PT / "1" / "food11.pth", dest / NAIVE_PT / "1" / "food11.pth")
+    return dest
+
+
+def perf_args(window_ms: int) -> str:
+    # Three fixed windows averaged (perf_analyzer needs 3 to call a run
+    # stable), no stability retries: a known duration on a noisy machine.
+    return f"--measurement-interval {window_ms} --stability-percentage 999 --max-trials 3"
+
+
+def perf_once(args, command: str, at_least_ms: int = 0) -> dict | None:
+    """perf_analyzer's first result, or None when a window saw no request
+    even at twice the window (a machine too busy: that figure is inconclusive)."""
+    window = max(args.window_ms, at_least_ms)
+    for scale in (1, 2):
+        run = perf.run(f"{command} {perf_args(window * scale)}", timeout=300, check=False)
+        if run.ok:
+            return run.results[0]
+    print(f"  (perf_analyzer got no measurement: {run.output.strip().splitlines()[-1][:120]})", flush=True)
+    return None
+
+
+def perf_pt(t, args, model: str, concurrency: int, input_json: Path) -> dict:
+    before = t.snapshot(model)
+    r = perf_once(args, f"-u {t.url} -m {model} --input-data {input_json} -b 1 --concurrency-range {concurrency}")
+    d = triton.stats_delta(before, t.snapshot(model))
+    compute = d["per_request_ms"].get("compute_infer", NAN)
+    if r is None:
+        return {"throughput": NAN, "p50_ms": NAN, "compute_ms": compute, "requests": d["requests"], "late": False}
+    return {"throughput": r["throughput"], "p50_ms": r.get("p50_latency_us", NAN) / 1000,
+            "compute_ms": compute, "requests": d["requests"], "late": bool(r.get("delayed_warning"))}
+
+
+def set_instances(t, model: str, count: int, threads: int | None = None) -> None:
+    edit: dict = {"instance_group": [{"count": count, "kind": "KIND_CPU"}]}
+    if model == NAIVE_PT:
+        edit["parameters"] = {"naive_threads": {"string_value": str(threads) if threads else ""}}
+    t.reload_model(model, edit)
+    t.wait_for_stubs(model, count)
+
+
+def bench_triton_pt(t, args, input_json: Path) -> dict:
+    # (label, model, instances, naive threads, concurrency)
+    plan = [("naive c1", NAIVE_PT, 1, None, 1), ("kit count1 c1", KIT_PT, 1, None, 1),
+            ("naive c8", NAIVE_PT, 1, None, 8), ("kit count1 c8", KIT_PT, 1, None, 8),
+            ("kit count2 c1", KIT_PT, 2, None, 1), ("kit count2 c8", KIT_PT, 2, None, 8),
+            ("naive count2 default threads c8", NAIVE_PT, 2, None, 8),
+            ("naive count2 1 thread c8", NAIVE_PT, 2, 1, 8)]
+    runs: dict = {label: [] for label, *_ in plan}
+    def warm(model: str) -> None:  # after a (re)load: the first requests allocate memory
+        if args.size != "tiny":
+            perf.run(f"-u {t.url} -m {model} --input-data {input_json} -b 1 --concurrency-range 2 "
+                     f"{perf_args(args.window_ms // 3)}", timeout=300, check=False)
+
+    current: dict = {}
+    for round_ in range(args.rounds):
+        for model in (KIT_PT, NAIVE_PT):  # every round starts from one instance, torch defaults
+            if round_ > 0:
+                set_instances(t, model, 1)
+            current[model] = (1, None)
+            warm(model)
+        for label, model, count, threads, conc in plan:
+            if current[model] != (count, threads):
+                set_instances(t, model, count, threads)
+                current[model] = (count, threads)
+                warm(model)
+            r = perf_pt(t, args, model, conc, input_json)
+            runs[label].append(r)
+            print(f"  {label:32} {r['throughput']:6.1f} infer/s  p50 {r['p50_ms']:6.1f} ms  "
+                  f"compute {r['compute_ms']:5.1f} ms{'  (perf_analyzer fell behind)' if r['late'] else ''}",
+                  flush=True)
+    return {k: script.best(v) for k, v in runs.items()} | {"runs": runs}
+
+
+def raw_ort_b16(seconds: float) -> float:
+    """ONNX Runtime alone, default session, batch 16 of the photo: images/s."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(paths.MODELS_STAGING / ONNX_MODEL / "1" / "model.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    batch = np.repeat(food11.preprocess(PHOTO.read_bytes())[np.newaxis], 16, axis=0)
+    for _ in range(2):
+        session.run(None, {"input": batch})
+    start, runs = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds or runs < 2:
+        session.run(None, {"input": batch})
+        runs += 1
+    return runs * 16 / (time.perf_counter() - start)
+
+
+def bench_triton_onnx(t, args) -> dict:
+    t.reload_model(ONNX_MODEL, {"dynamic_batching": {}})   # the notebook's `dynamic_batching { }`
+    t.wait_for_stubs(ONNX_MODEL, 1)
+    runs: dict = {"raw ORT b16 (for http)": [], "http": [], "raw ORT b16 (for http+shm)": [], "http+shm": []}
+    for _ in range(args.rounds):
+        for proto, extra in (("http", ""), ("http+shm", f"--shared-memory system -H admin-key:{t.admin_key}")):
+            raw = raw_ort_b16(args.ort_seconds)
+            before = t.snapshot(ONNX_MODEL)
+            r = perf_once(args, f"-u {t.url} -m {ONNX_MODEL} -b 1 --shape input:3,224,224 --concurrency-range 16 "
+                                f"{extra}", at_least_ms=max(args.window_ms, 1500))
+            d = triton.stats_delta(before, t.snapshot(ONNX_MODEL))
+            rate = r["throughput"] if r else NAN
+            runs[f"raw ORT b16 (for {proto})"].append({"throughput": raw})
+            runs[proto].append({"throughput": rate, "avg_batch": d["avg_batch_size"] or 0.0, "ratio": rate / raw})
+            print(f"  ONNX c16 {proto:8} {rate:6.1f} infer/s (avg batch {d['avg_batch_size'] or 0:4.1f}) "
+                  f"vs raw ORT b16 {raw:6.1f} images/s = {rate / raw:.2f}", flush=True)
+    return {k: script.best(v, key="ratio" if "raw" not in k else "throughput") for k, v in runs.items()} | \
+        {"runs": runs}
+
+
+# --------------------------------------------------------------------------
+# The issue's table
+# --------------------------------------------------------------------------
+
+def verdict(value: float, low: float, high: float | None = None) -> str:
+    if math.isnan(value):
+        return "INCONCLUSIVE (no measurement)"
+    ok = value >= low and (high is None or value <= high)
+    return "PASS" if ok else "FAIL"
+
+
+def table(fa: dict, tp: dict, to: dict, idle: dict[str, float]) -> list[tuple[str, float, str, str]]:
+    def tput(d, k):
+        return d[k]["throughput"]
+
+    naive_c2 = max((v for v in (tput(tp, "naive count2 default threads c8"), tput(tp, "naive count2 1 thread c8"))
+                    if not math.isnan(v)), default=NAN)
+    rows = [
+        ("Triton food_classifier count 1 / naive, concurrency 1",
+         tput(tp, "kit count1 c1") / tput(tp, "naive c1"), ">= 0.95", (0.95, None)),
+        ("Triton food_classifier count 1 / naive, concurrency 8",
+         tput(tp, "kit count1 c8") / tput(tp, "naive c8"), ">= 0.95", (0.95, None)),
+        ("count 2 / count 1, concurrency 8",
+         tput(tp, "kit count2 c8") / tput(tp, "kit count1 c8"), ">= 1.0", (1.0, None)),
+        ("count 2 / naive count 2 (best thread setting), concurrency 8",
+         tput(tp, "kit count2 c8") / naive_c2, ">= 0.95", (0.95, None)),
+        ("count 2 / count 1, concurrency 1",
+         tput(tp, "kit count2 c1") / tput(tp, "kit count1 c1"), "0.85 - 1.15", (0.85, 1.15)),
+        ("FastAPI ONNX sequential / naive", tput(fa, "kit_onnx/seq") / tput(fa, "naive_onnx/seq"), ">= 0.95",
+         (0.95, None)),
+        ("FastAPI PyTorch sequential / naive", tput(fa, "kit_pt/seq") / tput(fa, "naive_pt/seq"), ">= 0.95",
+         (0.95, None)),
+        ("FastAPI ONNX 16 clients / naive", tput(fa, "kit_onnx/c16") / tput(fa, "naive_onnx/c16"), ">= 1.0",
+         (1.0, None)),
+        ("FastAPI PyTorch 16 clients / naive", tput(fa, "kit_pt/c16") / tput(fa, "naive_pt/c16"), ">= 1.0",
+         (1.0, None)),
+        ("CPU of the busiest idle server process (% of a core)", max(idle.values()), "<= 2",
+         (-1.0, 2.0)),
+        ("Triton ONNX + dynamic batching c16, HTTP / raw ORT b16", to["http"]["ratio"], ">= 0.85", (0.85, None)),
+        ("Triton ONNX + dynamic batching c16, HTTP+shm / raw ORT b16", to["http+shm"]["ratio"], ">= 0.95",
+         (0.95, None)),
+    ]
+    return [(name, value, target, verdict(value, *bounds)) for name, value, target, bounds in rows]
+
+
+def main(argv=None) -> int:
+    ap = script.Parser(__doc__, rounds=2)
+    ap.sized("--requests", type=int, full=100, quick=40, tiny=3, help="sequential requests per FastAPI run")
+    ap.sized("--concurrent-requests", type=int, full=200, quick=80, tiny=16,
+             help="requests per 16-client FastAPI run")
+    ap.sized("--warmup", type=int, full=10, quick=5, tiny=1, help="untimed requests before each pair")
+    ap.sized("--window-ms", type=int, full=4000, quick=2000, tiny=600, help="perf_analyzer window")
+    ap.sized("--ort-seconds", type=float, full=4.0, quick=2.0, tiny=0.2, help="raw ORT b16 run length")
+    ap.sized("--idle-seconds", type=float, full=10.0, quick=5.0, tiny=1.0, help="idle CPU window")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a row FAILs")
+    args = ap.parse_args(argv)
+
+    perf.install_shim()
+    load0 = os.getloadavg()[0]
+    print(f"machine: {procs.cpu_cores()} cores, load average {load0:.1f} at start; photo {PHOTO.name}; "
+          f"size {args.size}, {args.rounds} round(s)", flush=True)
+    payload = {"image": base64.b64encode(PHOTO.read_bytes()).decode("ascii")}  # the notebook's payload
+    work = Path(tempfile.mkdtemp(prefix="bench-naive-"))
+    servers: dict[str, procs.Server] = {}
+    out: dict = {"cores": procs.cpu_cores(), "load_start": load0, "size": args.size}
+    try:
+        input_json = work / "input.json"
+        input_json.write_text(samples.input_json_text(PHOTO))
+        repo = staging_with_naive(work / "models")
+        with triton.running(repo, http_port=procs.free_port(), grpc_port=procs.free_port(),
+                            metrics_port=procs.free_port(), write_state=False) as t:
+            print("\n[1] Triton Python backend, perf_analyzer, input.json from the photo", flush=True)
+            tp = bench_triton_pt(t, args, input_json)
+            print("\n[2] Triton ONNX (dynamic_batching { }), perf_analyzer c16 vs raw ORT batch 16", flush=True)
+            to = bench_triton_onnx(t, args)
+            print("\n[3] FastAPI, the notebook's requests loop (sequential and 16 clients)", flush=True)
+            fa = bench_fastapi(args, work, payload, servers)
+            print(f"\n[4] idle CPU over {args.idle_seconds:.0f} s (no request in flight)", flush=True)
+            time.sleep(min(2.0, args.idle_seconds))  # let thread pools finish their short spin
+            watched = {f"uvicorn {k}": s.pid for k, s in servers.items()} | {"tritonserver": t.pid}
+            watched |= {f"stub {s.model} {s.pid}": s.pid for s in t.stub_processes()}
+            idle = procs.idle_cpu_percent(watched, args.idle_seconds)
+            for name, pct in idle.items():
+                print(f"  {name:40} {pct:5.2f} % of a core")
+        rows = table(fa, tp, to, idle)
+    finally:
+        for server in servers.values():
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    out["load_end"] = os.getloadavg()[0]
+    print(f"\nTargets (issue 14), load average {load0:.1f} at start, {out['load_end']:.1f} at the end"
+          f"{' - a busy machine: figures are noisy' if max(load0, out['load_end']) > 1.5 else ''}")
+    print(f"  {'figure':64} {'value':>7}  {'target':12} verdict")
+    for name, value, target, ok in rows:
+        print(f"  {name:64} {value:7.2f}  {target:12} {ok}")
+    out |= {"fastapi": fa, "triton_pt": tp, "triton_onnx": to, "idle_cpu_percent": idle,
+            "rows": [{"figure": n, "value": v, "target": tg, "verdict": ok} for n, v, tg, ok in rows]}
+    script.write_json(args.json, out)
+    return 1 if args.strict and any(ok == "FAIL" for *_, ok in rows) else 0
+
+
+if __name__ == "__main__":
+    script.run(main)
