@@ -32,11 +32,13 @@ def ensure_kernelspec() -> str:
     return "python3"
 
 
-def run_notebook(name: str, env: dict[str, str], timeout: int = 300):
+def run_notebook(name: str, env: dict[str, str], timeout: int = 300, hooks: dict | None = None):
     """Execute notebooks/<name>.ipynb as committed; return the executed notebook.
 
     The kernel starts in notebooks/ (as Jupyter does) with exactly ``env``.
     A failing cell raises nbclient's CellExecutionError with the traceback.
+    ``hooks`` are nbclient's (e.g. ``on_cell_execute=fn(cell, cell_index)``, called
+    just before a cell runs): how a test does what the student does between cells.
     """
     import nbclient
     import nbformat
@@ -44,7 +46,7 @@ def run_notebook(name: str, env: dict[str, str], timeout: int = 300):
     nb = nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
     client = nbclient.NotebookClient(
         nb, kernel_name=ensure_kernelspec(), timeout=timeout, allow_errors=False,
-        resources={"metadata": {"path": str(NOTEBOOKS_DIR)}},
+        resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}, **(hooks or {}),
     )
     client.execute(env=env)
     return nb

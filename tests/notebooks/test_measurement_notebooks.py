@@ -21,12 +21,34 @@ def _checks(text: str) -> tuple[list[str], list[str]]:
     return passed, failed
 
 
-def test_4_fastapi_runs_against_the_local_stack():
+def _reference_page(nb, name: str, tmp_path) -> str:
+    """Keep this run as the site's reference run (build/reference/), and render it."""
+    from servelab import site
+
+    site.save_reference(nb, name)
+    out = tmp_path / "site"
+    site.build_site(out, reference_dir=site.REFERENCE_DIR)
+    page = (out / f"{name}-reference.html").read_text()
+    assert site.REFERENCE_NOTE in page and "Machine:" in page
+    assert f'href="{name}-reference.html"' in (out / f"{name}.html").read_text()
+    return page
+
+
+def _handed_in(results, name: str) -> None:
+    archives = list(results.glob(f"{name}-*.zip"))
+    assert len(archives) == 1, archives
+    import zipfile
+
+    with zipfile.ZipFile(archives[0]) as z:
+        assert any(n.endswith("/figures.json") for n in z.namelist())
+
+
+def test_4_fastapi_runs_against_the_local_stack(tmp_path):
     from servelab import stack
 
     with stack.running(["fastapi_pt", "fastapi_onnx"], free_ports=True) as st:
         env = base_kernel_env(**st.env, SERVELAB_NB_SEQUENTIAL="20", SERVELAB_NB_CONCURRENT="48",
-                              SERVELAB_NB_SWEEP="32")
+                              SERVELAB_NB_SWEEP="32", SERVELAB_RESULTS_DIR=str(tmp_path / "results"))
         assert env["FASTAPI_ONNX_URL"] != env["FASTAPI_SERVER_URL"]
         nb = run_notebook("4_fastapi", env, timeout=600)
         if _checks(notebook_text(nb))[1]:  # one more try on a busy machine, as the notebook advises
@@ -44,6 +66,9 @@ def test_4_fastapi_runs_against_the_local_stack():
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]
     assert len(images) >= 3
+    _handed_in(tmp_path / "results", "4_fastapi")
+    page = _reference_page(nb, "4_fastapi", tmp_path)
+    assert '<img src="img/4_fastapi-' in page and "requests/s" in page
 
 
 def test_6_triton_runs_against_a_local_triton(tmp_path):
@@ -56,11 +81,27 @@ def test_6_triton_runs_against_a_local_triton(tmp_path):
     shutil.copytree(REPO_ROOT / "models_staging", repo)
     originals = {p: p.read_text() for p in repo.glob("*/config.pbtxt")}
     staged = {p: p.read_text() for p in (REPO_ROOT / "models_staging").glob("*/config.pbtxt")}
+    hand_edits = []
+
+    def hand_edit(cell, cell_index, **_):
+        """What the student does in JupyterLab's editor before running the reload cell:
+        count: 1 -> 2 and gpus: [ 0 ] -> [ 0, 1 ] in food_classifier's instance_group."""
+        if "hand-edit" not in cell.metadata.get("tags", []):
+            return
+        path = repo / "food_classifier" / "config.pbtxt"
+        text = path.read_text()
+        at = text.index("instance_group")
+        block = text[at:].replace("count: 1", "count: 2", 1).replace("gpus: [ 0 ]", "gpus: [ 0, 1 ]", 1)
+        assert block != text[at:], "food_classifier does not start from the lab's instance_group"
+        path.write_text(text[:at] + block)
+        hand_edits.append(cell_index)
+
     ports = [procs.free_port() for _ in range(3)]
     with triton.running(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
         env = base_kernel_env(
             TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_METRICS_URL=t.metrics_url,
             TRITON_MODEL_REPOSITORY=str(repo),
+            SERVELAB_RESULTS_DIR=str(tmp_path / "results"),
             # A fixed number of requests per measurement, no stability search: bounded time.
             SERVELAB_NB_PERF_ARGS="--request-count 48",
             SERVELAB_NB_RUN_SECONDS="6",
@@ -80,9 +121,23 @@ def test_6_triton_runs_against_a_local_triton(tmp_path):
     assert "food_classifier: instances 4 x KIND_CPU" in text or "food_classifier: instances 4 x KIND_GPU" in text
     assert "dynamic batching on" in text
     assert {p: p.read_text() for p in repo.glob("*/config.pbtxt")} == originals
+    # The first instance-group change was made by hand (the hook above), and Triton picked it up;
+    # the stub-process cells show the copies as processes (on the CPU here).
+    assert hand_edits, "the hand-edit cell did not run"
+    assert re.search(r"Triton now runs food_classifier with instances 2 x KIND_(CPU|GPU)", text), text
+    assert "Still one copy" not in text
+    assert "CPU: 2 process(es)" in text and "CPU: 4 process(es)" in text
+    anatomy = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert 'print(config_path("food_classifier").read_text())' in anatomy
+    assert 'backend: "python"' in text and 'backend: "onnxruntime"' in text
+    assert "def execute(self, requests):" in text and "def classify(self, data" in text
     assert {p: p.read_text() for p in (REPO_ROOT / "models_staging").glob("*/config.pbtxt")} == staged
     for cfg in final.values():
         assert [g.get("count") for g in cfg["instance_group"]] == [1] and "dynamic_batching" not in cfg
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]
     assert len(images) >= 4
+    _handed_in(tmp_path / "results", "6_triton")
+    page = _reference_page(nb, "6_triton", tmp_path)
+    assert '<img src="img/6_triton-' in page
+    assert re.search(r"Concurrency: \d+, throughput: [0-9.]+ infer/sec", page)  # perf_analyzer's own report
