@@ -389,9 +389,16 @@ def running(components: Iterable[str] | None = None, **kwargs) -> Iterator[Stack
 # The Triton component: a small foreground wrapper around servelab.triton
 # --------------------------------------------------------------------------
 
+# A tritonserver that dies on its own (a crash, the OOM killer) is restarted on the same
+# ports with the same admin key, at most this many times in this many seconds.
+TRITON_RESTARTS = (5, 600.0)
+
+
 def _triton_child(argv: Sequence[str]) -> int:
     """Run Triton in the foreground until SIGTERM/SIGINT, then stop it cleanly
-    (stubs and shared memory reaped by servelab.triton)."""
+    (stubs and shared memory reaped by servelab.triton). If tritonserver
+    dies on its own, say so in the log and start it again (the Compose stack
+    has ``restart: unless-stopped`` for the same reason)."""
     from servelab import triton
 
     ap = argparse.ArgumentParser(prog="servelab.stack _triton")
@@ -410,15 +417,37 @@ def _triton_child(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server = None
+    crashes: list[float] = []
     try:
-        server = triton.start(host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
-                              metrics_port=a.metrics_port, workdir=a.workdir,
-                              extra_args=[f"--metrics-interval-ms={METRICS_INTERVAL_MS}"], quiet=False)
-        print("Triton ready.", flush=True)
-        while server.alive():
-            time.sleep(0.5)
-        print(f"tritonserver exited with code {server.proc.returncode}", flush=True)
-        return 1
+        while True:
+            try:
+                server = triton.start(host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
+                                      metrics_port=a.metrics_port, workdir=a.workdir,
+                                      admin_key=server.admin_key if server is not None else None,
+                                      extra_args=[f"--metrics-interval-ms={METRICS_INTERVAL_MS}"],
+                                      quiet=bool(crashes))
+                print("Triton ready." + (f" (restart {len(crashes)})" if crashes else ""), flush=True)
+                while server.alive():
+                    time.sleep(0.5)
+                code = server.proc.returncode
+                how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                print(f"{time.strftime('%H:%M:%S')} tritonserver died ({how}); Triton's log: {server.log_path}",
+                      flush=True)
+                forced = server.stop()  # reap its stubs and shared memory before starting again
+                if forced:
+                    print(f"  cleaned up: {', '.join(forced)}", flush=True)
+            except triton.TritonError as err:
+                if not crashes:
+                    raise  # the first start failed: `servelab up` reports it
+                print(f"{time.strftime('%H:%M:%S')} restarting tritonserver failed: {err}", flush=True)
+            now = time.monotonic()
+            crashes = [t for t in crashes if now - t < TRITON_RESTARTS[1]] + [now]
+            if len(crashes) > TRITON_RESTARTS[0]:
+                print(f"tritonserver died {len(crashes)} times in {TRITON_RESTARTS[1]:.0f} s: not restarting it.",
+                      flush=True)
+                return 1
+            print(f"restarting tritonserver (crash {len(crashes)} of at most {TRITON_RESTARTS[0]} "
+                  f"in {TRITON_RESTARTS[1]:.0f} s) ...", flush=True)
     except KeyboardInterrupt:
         return 0
     finally:

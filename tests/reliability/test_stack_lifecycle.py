@@ -15,10 +15,12 @@ Flask, Jupyter) on free ports: what it exposes, and how it stops.
 from __future__ import annotations
 
 import base64
+import os
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 import requests
@@ -244,3 +246,48 @@ def _cmd(pid):
         return " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
         return ""
+
+
+# --------------------------------------------------------------------------
+# A crashed tritonserver comes back (issue 15, item 10)
+# --------------------------------------------------------------------------
+
+def _tritonserver(wrapper_pid: int) -> psutil.Process | None:
+    return next((p for p in tree(wrapper_pid) if p.name() == "tritonserver"), None)
+
+
+def test_servelab_up_restarts_a_crashed_triton(tmp_path):
+    """tritonserver dies (here SIGKILL, as the OOM killer or a crash would end
+    it): the stack's Triton wrapper reports it in its log and starts it again
+    on the same ports, with the same admin key, and inference works again."""
+    import signal
+
+    from servelab import stack
+
+    with stack.running(["triton"], free_ports=True, log_dir=tmp_path) as st:
+        wrapper = st.servers["triton"]
+        base = st.urls["triton"]
+        deadline = time.monotonic() + 120
+        while "Triton ready." not in wrapper.log_path.read_text(errors="replace"):  # the wrapper is watching
+            assert time.monotonic() < deadline, wrapper.log_path.read_text(errors="replace")[-2000:]
+            time.sleep(0.5)
+        first = _tritonserver(wrapper.pid)
+        assert first is not None
+        os.kill(first.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 240
+        second = None
+        while time.monotonic() < deadline:
+            second = _tritonserver(wrapper.pid)
+            if second is not None and second.pid != first.pid and \
+                    procs.http_status(f"{base}/v2/models/food_classifier_onnx/ready") == 200:
+                break
+            time.sleep(1.0)
+        log = wrapper.log_path.read_text(errors="replace")
+        assert second is not None and second.pid != first.pid, f"Triton was not restarted:\n{log[-2000:]}"
+        assert procs.http_status(f"{base}/v2/models/food_classifier_onnx/ready") == 200, log[-2000:]
+        assert "tritonserver died (signal 9)" in log and "restarting tritonserver" in log, log[-2000:]
+        assert wrapper.proc.poll() is None, "the wrapper itself must keep running"
+        x = np.zeros((1, 3, 224, 224), np.float32)
+        body, headers = triton_infer_body([("input", "FP32", list(x.shape), x)], ["output"])
+        r = requests.post(f"{base}/v2/models/food_classifier_onnx/infer", data=body, headers=headers, timeout=60)
+        assert r.status_code == 200, r.text[:300]
