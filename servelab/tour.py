@@ -429,7 +429,7 @@ def _sweep_text(t: Tour) -> list[str]:
 
 
 def write_report(t: Tour, meta: dict) -> Path:
-    files = _plots(t)
+    _plots(t)
     load.save_json(t.results, t.out / "results.json")
     load.save_csv(t.results, t.out / "results.csv")
     (t.out / "queueing.json").write_text(json.dumps([c.as_dict() for c in t.comparisons], indent=1))

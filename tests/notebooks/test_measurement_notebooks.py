@@ -8,8 +8,6 @@ from __future__ import annotations
 import re
 import shutil
 
-import pytest
-
 from servelab import lab
 
 from .nbkit import REPO_ROOT, base_kernel_env, notebook_text, run_notebook
