@@ -69,9 +69,10 @@ notebooks: setup
 fuzz: models
 	SERVELAB_FUZZ=long $(PY) -m pytest tests/reliability/test_image_fuzz.py tests/reliability/test_api_fuzz.py tests/reliability/test_flask_fuzz.py -q
 
-# 10,000 requests at concurrency 16 against FastAPI ONNX and Triton ONNX; then reloads under load.
+# 50,000 requests at concurrency 16 (1 in 16 a large image) against FastAPI ONNX, Triton ONNX and
+# Triton's Python model; prints every process's RSS curve and whether it plateaus. Then reloads under load.
 soak: models
-	$(PY) benchmarks/soak.py
+	$(PY) benchmarks/soak.py --targets fastapi_onnx,triton_onnx,triton_python
 	$(PY) benchmarks/reload_under_load.py
 
 doctor: setup
