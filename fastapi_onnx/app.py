@@ -28,10 +28,11 @@ MODEL_PATH = Path(os.environ.get("MODEL_PATH", Path(__file__).with_name("food11.
 # CUDAExecutionProvider on a GPU, else CPU (SERVELAB_DEVICE forces one).
 providers = serving.onnx_providers()
 # The same thread rule as the PyTorch service: a lone request gets every
-# core, concurrent ones an equal share (one each at full load). A session's
-# thread count is fixed when it is created, so we create one session per
-# thread count (the model is 9 MB) and each request runs on the one that
-# matches its share. ONNX Runtime keeps its default wait (spin briefly, then sleep).
+# core, concurrent ones an equal share (one each at full load, or when other
+# programs keep the machine busy). A session's thread count is fixed when it
+# is created, so we create one session per thread count (the model is 9 MB)
+# and each request runs on the one that matches its share. ONNX Runtime
+# keeps its default wait (spin briefly, then sleep).
 cores = serving.core_share("cuda" if "CUDAExecutionProvider" in providers else "cpu")
 # Decoding is bounded too: a photo at the pixel limit is ~120 MB once
 # decoded, so at most one decode per core runs at once, whatever the load.

@@ -32,6 +32,7 @@ device = serving.torch_device()          # "cuda" if present, else "cpu"; SERVEL
 # share, one core each at full load, so 16 requests never run 16 x cores
 # threads on the cores (the earlier lab served 16 clients slower than one).
 # At most one pass per core runs at once; more requests wait in a queue.
+# On a machine kept busy by other programs every pass gets one thread.
 # OpenMP keeps its default wait (spin a few ms, then sleep): PASSIVE made a
 # 2-thread pass 2x slower, ACTIVE spins idle cores at 100 %.
 cores = serving.core_share(device)       # servelab/threads.py: the mechanism

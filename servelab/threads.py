@@ -1,14 +1,17 @@
 """How many CPU threads one inference may use: the kit's one rule.
 
 A lone request gets every core; when several requests are in flight, each
-gets an equal share (one core each on a 2-core machine). Why both halves:
+gets an equal share (one core each on a 2-core machine). Why:
 
 * one batch-1 forward pass on all cores is the lowest latency (a plain
   ``torch`` or ONNX Runtime default does this, and a lab that is slower than
   the plain code at one client teaches the wrong thing);
 * N passes at once on all cores each run N x cores threads on the cores:
   threads wait on each other at every layer and every request gets slower
-  (the earlier lab's 2 instances on 2 threads each were 2.7x slower).
+  (the earlier lab's 2 instances on 2 threads each were 2.7x slower);
+* on a machine kept busy by other work (load average above twice the cores)
+  every inference gets one thread: a multi-threaded pass waits at every layer
+  for all its threads to be scheduled at once.
 
 ``CoreShare`` counts the inferences in flight. Within one process (the
 FastAPI services: one request per thread) a counter does it. Triton runs each
@@ -42,6 +45,17 @@ MAX_PROCESSES = 16
 def share_of(cores: int, busy: int) -> int:
     """Threads for one of ``busy`` inferences in flight on ``cores`` cores."""
     return max(1, cores // max(1, busy))
+
+
+def machine_busy(cores: int) -> bool:
+    """Other work keeps more than twice our cores runnable (1-minute load
+    average). A pass on several threads waits at every layer for all of them
+    to be running at once; on such a machine that wait dominates (seen here
+    at load 12 on 2 cores: 2-thread passes 1-2 s, 1-thread passes 0.2 s)."""
+    try:
+        return os.getloadavg()[0] > 2 * cores
+    except OSError:
+        return False
 
 
 def _remove_stale(folder: str) -> None:
@@ -140,6 +154,8 @@ class CoreShare:
                 with self._lock:
                     others = self._enter_group() if self._fd is not None else 0
                     n = share_of(self.cores, min(self._demand, self.workers) + others)
+                    if n > 1 and machine_busy(self.cores):
+                        n = 1
                 self.last = n
                 try:
                     yield n

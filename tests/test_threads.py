@@ -6,7 +6,15 @@ import signal
 import threading
 import time
 
+import pytest
+
 from servelab import threads
+
+
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """The share rule on a machine with no other work (the test machine may be busy)."""
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
 
 
 def test_lone_inference_gets_every_core():
@@ -95,3 +103,13 @@ def test_instances_in_other_processes_count_each_other(tmp_path):
     with share.threads() as n:
         assert n == 2
     share.close()
+
+
+def test_a_busy_machine_gets_one_thread_per_inference(monkeypatch):
+    share = threads.CoreShare(cores=2)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    with share.threads() as n:
+        assert n == 1  # others keep the cores busy: a 2-thread pass would wait on them
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (1.0, 1.0, 1.0))
+    with share.threads() as n:
+        assert n == 2

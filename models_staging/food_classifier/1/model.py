@@ -28,7 +28,8 @@ class TritonPythonModel:
         # On CPU, instances share the cores. An instance running alone gets
         # every core; when other instances of this model are busy too, each
         # gets an equal share (one core each at full load on 2 cores), so N
-        # instances never run N x cores threads. OpenMP keeps its default wait
+        # instances never run N x cores threads (one each, too, on a machine
+        # busy with other work). OpenMP keeps its default wait
         # (spin a few ms, then sleep): PASSIVE made a pass 2x slower, ACTIVE
         # spins the idle stub at 100 %. Mechanism: servelab/threads.py.
         self.cores = threads.CoreShare(group=args["model_name"])
