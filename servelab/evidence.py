@@ -160,6 +160,10 @@ def onnx_batching(t, url: str, reload: Callable[[str, object], dict], plan: Batc
     cost = queueing.BatchCost(tri["seconds"] or {1: s1})
     s16 = cost(16) / 16
     t.facts["batch_gain_per_image"] = cost(1) / s16  # how much cheaper an image is in a batch of 16
+    if 1 in tri["seconds"]:
+        # one S(1) for everything that follows (rates, capacity, both models): the one S(b) starts from
+        s1 = tri["seconds"][1]
+        t.facts["onnx_service_ms"] = s1 * 1000
 
     # 2. arrivals at the same rate, batching off then on ---------------------------
     rate = round(plan.utilization / s1, 1)

@@ -386,7 +386,9 @@ def _batch_cost_text(t: Tour) -> list[str]:
             "one Triton instance gets here). Through Triton: client batches sent one at a time, timed by "
             "Triton's per-batch statistics, so S(b) includes what the backend adds per execution.", ""]
     if gain:
-        out += [f"Through Triton an image costs {gain:.2f}× less in a batch of 16 than alone. "
+        out += [f"Through Triton an image costs {1000 * tri.get(16, math.nan) / 16:.2f} ms in a batch of 16 and "
+                f"{1000 * tri.get(1, math.nan):.2f} ms alone: batching makes it "
+                + (f"{gain:.2f}× cheaper. " if gain >= 1 else f"{1 / gain:.2f}× *more* expensive. ")
                 + ("That is little: on this CPU the work grows almost linearly with the batch, so batching "
                    "cannot add much capacity; it mostly makes each request wait for the others in its batch. "
                    if gain < 1.5 else
