@@ -148,22 +148,9 @@ def onnx_batching(t, url: str, reload: Callable[[str, object], dict], plan: Batc
     l1 = probe.latency["mean_ms"] / 1000
     t.facts.update(onnx_service_ms=s1 * 1000, onnx_unloaded_ms=l1 * 1000)
     t.log(f"    S(1) = {s1 * 1000:.2f} ms of model time, {l1 * 1000:.2f} ms seen by the client")
-    raw = batchcost.raw_onnx(repeats=plan.raw_repeats)
-    tri = batchcost.through_triton(url, ONNX_MODEL, requests=plan.batch_requests)
-    t.facts["batch_cost_raw_s"] = raw["seconds"]
-    t.facts["batch_cost_triton_s"] = tri["seconds"]
-    t.facts["batch_cost_threads"] = raw["threads"]
-    t.log(f"    S(b) raw ONNX Runtime ({raw['threads']} threads): {batchcost.describe(raw['seconds'])}")
-    t.log(f"    S(b) through Triton: {batchcost.describe(tri['seconds'])}")
-    for b, r in tri["runs"].items():
-        t.batch_runs.append(r)
-    cost = queueing.BatchCost(tri["seconds"] or {1: s1})
-    s16 = cost(16) / 16
-    t.facts["batch_gain_per_image"] = cost(1) / s16  # how much cheaper an image is in a batch of 16
-    if 1 in tri["seconds"]:
-        # one S(1) for everything that follows (rates, capacity, both models): the one S(b) starts from
-        s1 = tri["seconds"][1]
-        t.facts["onnx_service_ms"] = s1 * 1000
+    cost = measure_batch_cost(t, url, plan, s1)
+    s1 = cost(1)  # one S(1) for everything that follows (rates, capacity, both models)
+    t.facts["onnx_service_ms"] = s1 * 1000
 
     # 2. arrivals at the same rate, batching off then on ---------------------------
     rate = round(plan.utilization / s1, 1)
@@ -263,22 +250,39 @@ def onnx_batching(t, url: str, reload: Callable[[str, object], dict], plan: Batc
         return checks
 
     experiment(t, "load sweep", sweep, can_repeat)
-    # model curves for the plot
-    grid = [f * cap for f in (0.3, 0.45, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.4, 1.7, 2.0, 2.2)]
-    curves = {}
-    for name, c, mb in (("batching off", off_cost, 1), ("batching on", cost, 16)):
-        xs, p50, p99 = [], [], []
-        for r in grid:
-            if r >= c.capacity(mb) * 0.995:
-                continue
-            p = queueing.simulated_percentiles(r, c, mb, n=8000)
-            if not p["stable"]:
-                continue
+    t.model_curves = {"batching off": model_curve(off_cost, 1, cap, over),
+                      "batching on": model_curve(cost, 16, cap, over)}
+
+
+def model_curve(cost: queueing.BatchCost, max_batch: int, capacity: float, overhead_s: float) -> dict:
+    """The simulated queue's p50 / p99 (ms, plus the client overhead) over
+    offered loads up to just below the configuration's capacity."""
+    xs, p50, p99 = [], [], []
+    for f in (0.3, 0.45, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.4, 1.7, 2.0, 2.2):
+        r = f * capacity
+        if r >= cost.capacity(max_batch) * 0.995:
+            continue
+        p = queueing.simulated_percentiles(r, cost, max_batch, n=8000)
+        if p["stable"]:
             xs.append(r)
-            p50.append(1000 * (p["p50_s"] + over))
-            p99.append(1000 * (p["p99_s"] + over))
-        curves[name] = {"rates": xs, "p50_ms": p50, "p99_ms": p99}
-    t.model_curves = curves
+            p50.append(1000 * (p["p50_s"] + overhead_s))
+            p99.append(1000 * (p["p99_s"] + overhead_s))
+    return {"rates": xs, "p50_ms": p50, "p99_ms": p99}
+
+
+def measure_batch_cost(t, url: str, plan: BatchingPlan, s1: float) -> queueing.BatchCost:
+    """S(b) raw and through Triton, into ``t.facts``; returns Triton's curve."""
+    raw = batchcost.raw_onnx(repeats=plan.raw_repeats)
+    tri = batchcost.through_triton(url, ONNX_MODEL, requests=plan.batch_requests)
+    t.facts["batch_cost_raw_s"] = raw["seconds"]
+    t.facts["batch_cost_triton_s"] = tri["seconds"]
+    t.facts["batch_cost_threads"] = raw["threads"]
+    t.log(f"    S(b) raw ONNX Runtime ({raw['threads']} threads): {batchcost.describe(raw['seconds'])}")
+    t.log(f"    S(b) through Triton: {batchcost.describe(tri['seconds'])}")
+    t.batch_runs.extend(tri["runs"].values())
+    cost = queueing.BatchCost(tri["seconds"] or {1: s1})
+    t.facts["batch_gain_per_image"] = cost(1) / (cost(16) / 16)  # how much cheaper an image is in a batch of 16
+    return cost
 
 
 def _fmt_rate(x) -> str:
