@@ -118,14 +118,9 @@ _B64_URLSAFE_TABLE = bytes.maketrans(b"-_", b"+/")
 _WHITESPACE = b" \t\r\n\v\f"
 
 
-def decode_base64(data: str | bytes, max_bytes: int | None = None) -> bytes:
-    """base64 → bytes, refusing anything that would decode to more than
-    ``max_bytes`` *before* decoding it.
-
-    Accepts what users actually send: standard or URL-safe alphabet, with or
-    without ``=`` padding, wrapped in lines (``base64`` CLI, ``encodebytes``),
-    or as a data URL. Anything else gets a sentence naming what is wrong."""
-    max_bytes = MAX_IMAGE_BYTES if max_bytes is None else max_bytes
+def _base64_payload(data: str | bytes) -> bytes:
+    """The base64 text as bytes: ASCII only, stripped, without a data URL's
+    ("data:image/jpeg;base64,....", as browsers produce them) prefix."""
     if isinstance(data, str):
         try:
             data = data.encode("ascii")
@@ -134,18 +129,14 @@ def decode_base64(data: str | bytes, max_bytes: int | None = None) -> bytes:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InvalidBase64Error("The image field must be a base64 string.")
     data = bytes(data).strip()
-    # Accept data URLs ("data:image/jpeg;base64,....") as browsers produce them.
     if data[:5] == b"data:" and b"," in data[:100]:
         data = data.split(b",", 1)[1]
-    if len(data) * 3 // 4 > max_bytes:  # checked before any copy below
-        raise ImageTooLargeError(
-            f"The image is larger than the {max_bytes} byte limit."
-        )
-    data = data.translate(None, _WHITESPACE)  # line breaks of wrapped base64
-    if not data:
-        raise InvalidBase64Error("The image field is empty.")
-    body = data.rstrip(b"=")
-    padding = len(data) - len(body)
+    return data
+
+
+def _standard_alphabet(body: bytes, padding: int) -> bytes:
+    """``body`` (base64 without its ``padding`` '=' characters) in the
+    standard alphabet, or a sentence naming what is wrong with it."""
     urlsafe = b"-" in body or b"_" in body
     if urlsafe and (b"+" in body or b"/" in body):
         raise InvalidBase64Error("The image field mixes the standard (+/) and URL-safe (-_) base64 alphabets; "
@@ -163,6 +154,27 @@ def decode_base64(data: str | bytes, max_bytes: int | None = None) -> bytes:
                                  "without padding) leaves one character over; was it cut short?")
     if padding > 2 or (padding and (len(body) + padding) % 4):
         raise InvalidBase64Error("The image field is not valid base64: wrong number of '=' padding characters.")
+    return body
+
+
+def decode_base64(data: str | bytes, max_bytes: int | None = None) -> bytes:
+    """base64 → bytes, refusing anything that would decode to more than
+    ``max_bytes`` *before* decoding it.
+
+    Accepts what users actually send: standard or URL-safe alphabet, with or
+    without ``=`` padding, wrapped in lines (``base64`` CLI, ``encodebytes``),
+    or as a data URL. Anything else gets a sentence naming what is wrong."""
+    max_bytes = MAX_IMAGE_BYTES if max_bytes is None else max_bytes
+    data = _base64_payload(data)
+    if len(data) * 3 // 4 > max_bytes:  # checked before any copy below
+        raise ImageTooLargeError(
+            f"The image is larger than the {max_bytes} byte limit."
+        )
+    data = data.translate(None, _WHITESPACE)  # line breaks of wrapped base64
+    if not data:
+        raise InvalidBase64Error("The image field is empty.")
+    body = data.rstrip(b"=")
+    body = _standard_alphabet(body, padding=len(data) - len(body))
     body += b"=" * (-len(body) % 4)
     try:
         return base64.b64decode(body, validate=True)
