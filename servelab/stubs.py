@@ -38,11 +38,27 @@ class Stub:
     rss_mb: float
 
 
-def _cmdline(pid: int, proc: Path = Path("/proc")) -> list[str]:
+def cmdline(pid: int, proc: Path = Path("/proc")) -> list[str]:
+    """A process's argv ([] when it is gone or not readable)."""
     try:
         return (proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
     except OSError:
         return []
+
+
+def stub_argv(pid: int, proc: Path = Path("/proc")) -> list[str] | None:
+    """The argv of a Triton Python-backend stub, None for any other process:
+    stub model.py shm_region shm_size growth parent_pid lib_path ipc_handle instance_name ...
+    (``servelab.triton.process`` reads stubs through this too)."""
+    argv = cmdline(pid, proc)
+    if not argv or not argv[0].endswith(STUB_NAME) or len(argv) < 9:
+        return None
+    return argv
+
+
+def stub_model(argv: list[str]) -> str:
+    """The model a stub serves: the folder above its ``<version>/model.py``."""
+    return Path(argv[1]).parent.parent.name
 
 
 def _status(pid: int, proc: Path = Path("/proc")) -> dict[str, str]:
@@ -60,9 +76,8 @@ def stub_processes(proc: Path = Path("/proc")) -> list[Stub]:
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
-        argv = _cmdline(pid, proc)
-        # argv: stub model.py shm_region shm_size growth parent_pid lib_path ipc_handle instance_name ...
-        if not argv or not argv[0].endswith(STUB_NAME) or len(argv) < 9:
+        argv = stub_argv(pid, proc)
+        if argv is None:
             continue
         status = _status(pid, proc)
         try:
@@ -70,7 +85,7 @@ def stub_processes(proc: Path = Path("/proc")) -> list[Stub]:
         except ValueError:
             parent = None
         rss_kb = status.get("VmRSS", "0 kB").split()[0]
-        found.append(Stub(pid=pid, parent=parent, model=Path(argv[1]).parent.parent.name,
+        found.append(Stub(pid=pid, parent=parent, model=stub_model(argv),
                           instance=argv[8], rss_mb=int(rss_kb) / 1024 if rss_kb.isdigit() else 0.0))
     return sorted(found, key=lambda s: (s.model, s.instance))
 
@@ -130,18 +145,22 @@ def per_device(model: str | None = None, grpc_url: str | None = None) -> dict[st
     if model:
         stubs = [s for s in stubs if s.model == model]
     gpus = gpu_processes()
-    by_pid = {s.pid: s for s in stubs}
     if gpus:
-        grouped: dict[str, list[Stub]] = defaultdict(list)
-        placed = set()
-        for gpu, apps in gpus.items():
-            grouped[f"GPU {gpu}"] = [by_pid[pid] for pid, _, _ in apps if pid in by_pid]
-            placed.update(pid for pid, _, _ in apps)
-        rest = [s for s in stubs if s.pid not in placed]
-        if rest:
-            grouped["CPU"] = rest
-        return dict(grouped)
+        return _by_gpu(stubs, gpus)
     return {"CPU": stubs} if stubs else {}
+
+
+def _by_gpu(stubs: list[Stub], gpus: dict[int, list[tuple[int, str, str]]]) -> dict[str, list[Stub]]:
+    by_pid = {s.pid: s for s in stubs}
+    grouped: dict[str, list[Stub]] = defaultdict(list)
+    placed = set()
+    for gpu, apps in gpus.items():
+        grouped[f"GPU {gpu}"] = [by_pid[pid] for pid, _, _ in apps if pid in by_pid]
+        placed.update(pid for pid, _, _ in apps)
+    rest = [s for s in stubs if s.pid not in placed]
+    if rest:
+        grouped["CPU"] = rest
+    return dict(grouped)
 
 
 def expected_instances(model: str, grpc_url: str) -> int | None:
@@ -166,21 +185,14 @@ def show(model: str | None = None, grpc_url: str | None = None, settle_s: float 
     model and ``grpc_url`` given, wait (up to ``settle_s``) until the processes
     match the number of copies Triton reports."""
     expected = expected_instances(model, grpc_url) if model and grpc_url else None
-    deadline = time.monotonic() + settle_s
-    while True:
-        grouped = per_device(model, grpc_url)
-        count = sum(len(v) for v in grouped.values())
-        if not count or expected is None or count == expected or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    grouped, count = _settled(model, grpc_url, expected, settle_s)
     what = f"model {model}" if model else "all models"
     if not any(grouped.values()):
         print(f"No Triton Python-backend process is visible from here ({what}).\n"
               "In the Compose stack Triton runs in its own container: run `nvidia-smi` on "
               "node-serve-system and count the triton_python_backend_stub processes on each GPU.")
         return grouped
-    gpus = gpu_processes()
-    if gpus is None:
+    if gpu_processes() is None:
         print(f"No GPU here (no nvidia-smi): Triton runs every instance on the CPU. "
               f"Its Python-backend processes ({what}):")
     else:
@@ -192,3 +204,16 @@ def show(model: str | None = None, grpc_url: str | None = None, settle_s: float 
     if expected is not None and count != expected:
         print(f"  (Triton reports {expected} copies; the others are still starting or shutting down: run the cell again)")
     return grouped
+
+
+def _settled(model: str | None, grpc_url: str | None, expected: int | None,
+             settle_s: float) -> tuple[dict[str, list[Stub]], int]:
+    """The stubs per device and their count, once the count is ``expected``
+    (or nothing runs, or ``settle_s`` passed)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        grouped = per_device(model, grpc_url)
+        count = sum(len(v) for v in grouped.values())
+        if not count or expected is None or count == expected or time.monotonic() > deadline:
+            return grouped, count
+        time.sleep(0.5)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab import paths, procs
+from servelab.stubs import cmdline, stub_argv, stub_model
 from servelab.triton.install import GRPC_ADMIN_HEADER
 
 
@@ -25,13 +26,6 @@ class StubProcess:
     shm_region: str
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
-    except OSError:
-        return []
-
-
 def _ppid(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -41,12 +35,10 @@ def _ppid(pid: int) -> int | None:
 
 
 def _stub_from(pid: int) -> StubProcess | None:
-    argv = _cmdline(pid)
-    if not argv or not argv[0].endswith("triton_python_backend_stub") or len(argv) < 9:
+    argv = stub_argv(pid)
+    if argv is None:
         return None
-    # argv: stub model.py shm_region shm_size growth parent_pid lib_path ipc_handle instance_name ...
-    model = Path(argv[1]).parent.parent.name
-    return StubProcess(pid=pid, model=model, instance=argv[8], shm_region=argv[2])
+    return StubProcess(pid=pid, model=stub_model(argv), instance=argv[8], shm_region=argv[2])
 
 
 def stub_processes(server_pid: int, shm_prefix: str | None = None) -> list[StubProcess]:
@@ -188,7 +180,7 @@ def read_state(http_port: int | None = None, grpc_port: int | None = None) -> di
             continue
         if grpc_port and state.get("grpc_port") != grpc_port:
             continue
-        if procs.pid_alive(state.get("pid", -1)) and "tritonserver" in " ".join(_cmdline(state["pid"])):
+        if procs.pid_alive(state.get("pid", -1)) and "tritonserver" in " ".join(cmdline(state["pid"])):
             return state
     return None
 
