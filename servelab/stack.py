@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import secrets
-import signal
 import sys
 import time
 from contextlib import contextmanager
@@ -53,9 +52,6 @@ FLASK_BACKENDS = ("fastapi", "triton", "triton_onnx")
 # Where `servelab up` keeps its state file, env.sh and logs (tests relocate it).
 STACK_DIR = Path(os.environ.get("SERVELAB_STACK_DIR", paths.BUILD_DIR / "stack"))
 STATE_FILE = STACK_DIR / "state.json"
-# Triton refreshes its CPU/GPU utilization metrics this often (default 2000 ms);
-# the bench samples the metrics page twice a second.
-METRICS_INTERVAL_MS = 500
 TIMEOUTS = {"fastapi_pt": 180.0, "fastapi_onnx": 120.0, "triton": 300.0, "flask": 60.0, "jupyter": 120.0}
 
 
@@ -173,7 +169,7 @@ def _command(name: str, host: str, ports: Mapping[str, int], triton_workdir: Pat
         base = f"http://{host}:{port}"
         return cmd, base + "/health", base, root
     if name == "triton":
-        cmd = [py, "-m", "servelab.stack", "_triton", "--host", host,
+        cmd = [py, "-m", "servelab.stack_triton", "--host", host,  # the wrapper restarts a dead server
                "--http-port", str(ports["triton_http"]), "--grpc-port", str(ports["triton_grpc"]),
                "--metrics-port", str(ports["triton_metrics"])]
         if triton_workdir is not None:  # else a temporary folder, removed when Triton stops
@@ -214,16 +210,7 @@ def start(components: Iterable[str] | None = None, *, host: str = "127.0.0.1",
     writes ``build/stack/state.json``. ``triton_workdir``: where Triton's
     runtime repository and log go (default: a temporary folder).
     """
-    comps = list(dict.fromkeys(components or COMPONENTS))
-    for c in comps:
-        if c not in COMPONENTS:
-            raise StackError(f"unknown component {c!r}; choose from {', '.join(COMPONENTS)}")
-    if flask_backend not in FLASK_BACKENDS:
-        raise StackError(f"flask backend must be one of {', '.join(FLASK_BACKENDS)}")
-    if fastapi not in ("pt", "onnx"):
-        raise StackError("fastapi must be 'pt' or 'onnx'")
-    # Start in an order that lets dependants find their backends.
-    comps.sort(key=COMPONENTS.index)
+    comps = _components(components, flask_backend, fastapi)
     planned = plan_ports(comps, ports, free_ports, host)
     if jupyter_token is None and "jupyter" in comps:
         jupyter_token = os.environ.get("JUPYTER_TOKEN") or secrets.token_urlsafe(24)
@@ -237,14 +224,7 @@ def start(components: Iterable[str] | None = None, *, host: str = "127.0.0.1",
     try:
         for name in comps:
             cmd, health, url, cwd = _command(name, host, planned, triton_workdir, jupyter_token)
-            child_env = _base_env(env)
-            if name == "flask":
-                child_env.update(HOST=host, PORT=str(planned["flask"]), INFERENCE_BACKEND=flask_backend)
-                if flask_backend == "triton_onnx":
-                    child_env["FOOD11_MODEL_NAME"] = "food_classifier_onnx"
-            if name == "jupyter":
-                # Kernels started from this Jupyter inherit the stack's URLs.
-                child_env.update(JUPYTER_TOKEN=jupyter_token)
+            child_env = _child_env(name, env, host, planned, flask_backend, jupyter_token)
             log_path = log_dir / f"{name}.log"
             log_path.write_text("")
             server = procs.start(name, cmd, url, log_path=log_path, env=child_env, cwd=cwd)
@@ -266,6 +246,32 @@ def start(components: Iterable[str] | None = None, *, host: str = "127.0.0.1",
         st.urls["jupyter_login"] = f"{st.urls['jupyter']}/lab?token={jupyter_token}"
     _write_state(st)
     return st
+
+
+def _components(components: Iterable[str] | None, flask_backend: str, fastapi: str) -> list[str]:
+    """The components asked for, checked, in an order that lets dependants find their backends."""
+    comps = list(dict.fromkeys(components or COMPONENTS))
+    for c in comps:
+        if c not in COMPONENTS:
+            raise StackError(f"unknown component {c!r}; choose from {', '.join(COMPONENTS)}")
+    if flask_backend not in FLASK_BACKENDS:
+        raise StackError(f"flask backend must be one of {', '.join(FLASK_BACKENDS)}")
+    if fastapi not in ("pt", "onnx"):
+        raise StackError("fastapi must be 'pt' or 'onnx'")
+    return sorted(comps, key=COMPONENTS.index)
+
+
+def _child_env(name: str, env: Mapping[str, str], host: str, ports: Mapping[str, int], flask_backend: str,
+               jupyter_token: str | None) -> dict[str, str]:
+    child_env = _base_env(env)
+    if name == "flask":
+        child_env.update(HOST=host, PORT=str(ports["flask"]), INFERENCE_BACKEND=flask_backend)
+        if flask_backend == "triton_onnx":
+            child_env["FOOD11_MODEL_NAME"] = "food_classifier_onnx"
+    if name == "jupyter":
+        # Kernels started from this Jupyter inherit the stack's URLs.
+        child_env.update(JUPYTER_TOKEN=jupyter_token)
+    return child_env
 
 
 def _write_state(st: Stack) -> None:
@@ -386,78 +392,6 @@ def running(components: Iterable[str] | None = None, **kwargs) -> Iterator[Stack
 
 
 # --------------------------------------------------------------------------
-# The Triton component: a small foreground wrapper around servelab.triton
-# --------------------------------------------------------------------------
-
-# A tritonserver that dies on its own (a crash, the OOM killer) is restarted on the same
-# ports with the same admin key, at most this many times in this many seconds.
-TRITON_RESTARTS = (5, 600.0)
-
-
-def _triton_child(argv: Sequence[str]) -> int:
-    """Run Triton in the foreground until SIGTERM/SIGINT, then stop it cleanly
-    (stubs and shared memory reaped by servelab.triton). If tritonserver
-    dies on its own, say so in the log and start it again (the Compose stack
-    has ``restart: unless-stopped`` for the same reason)."""
-    from servelab import triton
-
-    ap = argparse.ArgumentParser(prog="servelab.stack _triton")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--http-port", type=int, required=True)
-    ap.add_argument("--grpc-port", type=int, required=True)
-    ap.add_argument("--metrics-port", type=int, required=True)
-    ap.add_argument("--workdir", type=Path, default=None)
-    a = ap.parse_args(argv)
-    stopping = []
-
-    def on_signal(signum, frame):
-        stopping.append(signum)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    server = None
-    crashes: list[float] = []
-    try:
-        while True:
-            try:
-                server = triton.start(host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
-                                      metrics_port=a.metrics_port, workdir=a.workdir,
-                                      admin_key=server.admin_key if server is not None else None,
-                                      extra_args=[f"--metrics-interval-ms={METRICS_INTERVAL_MS}"],
-                                      quiet=bool(crashes))
-                print("Triton ready." + (f" (restart {len(crashes)})" if crashes else ""), flush=True)
-                while server.alive():
-                    time.sleep(0.5)
-                code = server.proc.returncode
-                how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                print(f"{time.strftime('%H:%M:%S')} tritonserver died ({how}); Triton's log: {server.log_path}",
-                      flush=True)
-                forced = server.stop()  # reap its stubs and shared memory before starting again
-                if forced:
-                    print(f"  cleaned up: {', '.join(forced)}", flush=True)
-            except triton.TritonError as err:
-                if not crashes:
-                    raise  # the first start failed: `servelab up` reports it
-                print(f"{time.strftime('%H:%M:%S')} restarting tritonserver failed: {err}", flush=True)
-            now = time.monotonic()
-            crashes = [t for t in crashes if now - t < TRITON_RESTARTS[1]] + [now]
-            if len(crashes) > TRITON_RESTARTS[0]:
-                print(f"tritonserver died {len(crashes)} times in {TRITON_RESTARTS[1]:.0f} s: not restarting it.",
-                      flush=True)
-                return 1
-            print(f"restarting tritonserver (crash {len(crashes)} of at most {TRITON_RESTARTS[0]} "
-                  f"in {TRITON_RESTARTS[1]:.0f} s) ...", flush=True)
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        if server is not None:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the stop finish
-            forced = server.stop()
-            print("Triton stopped." + (f" cleaned up: {', '.join(forced)}" if forced else ""), flush=True)
-
-
-# --------------------------------------------------------------------------
 # Command line: `servelab up`, `servelab down`
 # --------------------------------------------------------------------------
 
@@ -519,8 +453,6 @@ def _cmd_down(args) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "_triton":
-        raise SystemExit(_triton_child(sys.argv[2:]))
     ap = argparse.ArgumentParser(prog="python -m servelab.stack")
     sub = ap.add_subparsers(dest="command", required=True)
     add_parser(sub)
