@@ -60,21 +60,30 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def positive_int_env(name: str) -> int | None:
+    """The environment variable ``name`` as a positive integer, None when it
+    is unset or empty; ValueError (naming it) for anything else."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}") from None
+    if n < 1:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    return n
+
+
 def cpu_cores() -> int:
     """CPU cores this process may use, the kit's one core count:
     ``SERVELAB_THREADS`` if set, else the affinity mask (taskset, Docker
     ``--cpuset-cpus``) capped by a cgroup v2 CPU quota (Docker ``--cpus``).
     ``os.cpu_count()`` would report every core of the host even inside a
     container limited to two."""
-    forced = os.environ.get("SERVELAB_THREADS", "").strip()
-    if forced:
-        try:
-            n = int(forced)
-        except ValueError:
-            raise ValueError(f"SERVELAB_THREADS must be a positive integer, got {forced!r}") from None
-        if n < 1:
-            raise ValueError(f"SERVELAB_THREADS must be a positive integer, got {forced!r}")
-        return n
+    forced = positive_int_env("SERVELAB_THREADS")
+    if forced is not None:
+        return forced
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -71,15 +71,8 @@ def core_share(device: str = "cpu") -> CoreShare:
     inferences were 1.3-1.6x slower than the library defaults for a lone
     client; fixed all-core ones thrash under concurrency."""
     cores = cpu_threads()
-    raw = os.environ.get("SERVELAB_INFERENCE_WORKERS", "").strip()
-    if raw:
-        try:
-            workers = int(raw)
-        except ValueError:
-            raise ValueError(f"SERVELAB_INFERENCE_WORKERS must be a positive integer, got {raw!r}") from None
-        if workers < 1:
-            raise ValueError(f"SERVELAB_INFERENCE_WORKERS must be a positive integer, got {raw!r}")
-    else:
+    workers = procs.positive_int_env("SERVELAB_INFERENCE_WORKERS")
+    if workers is None:
         workers = 1 if device == "cuda" else cores
     share = CoreShare(cores, workers=min(workers, cores))
     log.info("inference: up to %d at once on %d core(s), device %s; a lone request gets %d thread(s), "
