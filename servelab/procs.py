@@ -94,6 +94,17 @@ def cpu_cores() -> int:
     return max(1, n)
 
 
+def cpu_model(default: str = "", cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name from /proc/cpuinfo, or ``default`` where there is none."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return default
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU time (user + system, all threads) process ``pid`` has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

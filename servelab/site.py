@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab import lessons, notebooks, paths
+from servelab import lessons, notebooks, paths, procs
 
 DEFAULT_OUT = paths.BUILD_DIR / "site"
 REFERENCE_DIR = paths.BUILD_DIR / "reference"
@@ -232,14 +232,7 @@ def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_
 
 def machine_description() -> str:
     """This machine in one line: host, CPU model, cores, GPU or none."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = procs.cpu_model(default=platform.processor() or platform.machine())
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
