@@ -12,26 +12,23 @@ Quick use (a script or a notebook)::
                   observers=[bench.TritonObserver("127.0.0.1:8000", "food_classifier_onnx")])
     print(r.server["per_request_ms"], r.server["batch_histogram"])
 
-Modules: ``load`` (patterns, engine, results), ``targets``, ``http`` (the
+Modules: ``patterns``, ``load`` (engine, results), ``targets``, ``http`` (the
 client), ``schedule`` (arrivals), ``stats``, ``triton`` (statistics and
 metrics), ``queueing`` (the model), ``plots``, ``cli``.
 """
 
 from servelab.bench.load import (
     Observer,
-    Pattern,
     Result,
-    closed,
     load_json,
-    open_loop,
     run,
     run_checked,
     save_csv,
     save_json,
-    sequential,
     sweep,
     warm,
 )
+from servelab.bench.patterns import Pattern, closed, open_loop, sequential
 from servelab.bench.targets import (
     FastAPITarget,
     HTTPTarget,

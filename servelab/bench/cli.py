@@ -90,14 +90,8 @@ def patterns(args) -> list[load.Pattern]:
             for c in (args.concurrency or [1])]
 
 
-def _cmd_bench(args) -> int:
-    try:
-        target = build_target(args)
-        pats = patterns(args)
-    except (ValueError, OSError) as e:
-        print(f"servelab bench: {e}", file=sys.stderr)
-        return 2
-
+def _observers_factory(args):
+    """Fresh observers for each run: Triton's statistics, or the host's CPU when saving results."""
     def observers():
         from servelab.bench.triton import HostCPUObserver, TritonObserver
         if args.kind != "triton":
@@ -107,6 +101,42 @@ def _cmd_bench(args) -> int:
             return []
         return [TritonObserver(stats_url, args.model, args.model_version, args.metrics)]
 
+    return observers
+
+
+def _write_outputs(args, target, results) -> None:
+    """``--out``: results.json/csv and the plots that fit these runs."""
+    from servelab.bench import plots  # matplotlib: only when plots are wanted
+    args.out.mkdir(parents=True, exist_ok=True)
+    load.save_json(results, args.out / "results.json")
+    load.save_csv(results, args.out / "results.csv")
+    written = ["results.json", "results.csv"]
+    if args.concurrency and len(args.concurrency) > 1:
+        plots.latency_vs_concurrency({target.name: results}, args.out / "latency_vs_concurrency.png")
+        plots.throughput_vs_concurrency({target.name: results}, args.out / "throughput_vs_concurrency.png")
+        written += ["latency_vs_concurrency.png", "throughput_vs_concurrency.png"]
+    plots.latency_cdf(results, args.out / "latency_cdf.png")
+    written.append("latency_cdf.png")
+    if any(r.server for r in results):
+        plots.queue_vs_compute(results, args.out / "queue_vs_compute.png")
+        plots.batch_histogram(results, args.out / "batch_histogram.png")
+        written += ["queue_vs_compute.png", "batch_histogram.png"]
+    if any(r.utilization for r in results):
+        plots.utilization(results, args.out / "utilization.png")
+        written.append("utilization.png")
+    print(f"wrote {', '.join(str(args.out / w) for w in written)}")
+
+
+def _cmd_bench(args) -> int:
+    try:
+        target = build_target(args)
+        pats = patterns(args)
+    except (ValueError, OSError) as e:
+        print(f"servelab bench: {e}", file=sys.stderr)
+        return 2
+
+    observers = _observers_factory(args)
+
     print(f"target: {target.name}", file=sys.stderr)
     results = load.sweep(target, pats, observers, progress=False if args.no_progress else None)
     print(table.text(results))
@@ -114,23 +144,5 @@ def _cmd_bench(args) -> int:
         if r.errors:
             print(f"{r.label}: errors " + ", ".join(f"{k} x{v}" for k, v in r.errors.items()))
     if args.out:
-        from servelab.bench import plots  # matplotlib: only when plots are wanted
-        args.out.mkdir(parents=True, exist_ok=True)
-        load.save_json(results, args.out / "results.json")
-        load.save_csv(results, args.out / "results.csv")
-        written = ["results.json", "results.csv"]
-        if args.concurrency and len(args.concurrency) > 1:
-            plots.latency_vs_concurrency({target.name: results}, args.out / "latency_vs_concurrency.png")
-            plots.throughput_vs_concurrency({target.name: results}, args.out / "throughput_vs_concurrency.png")
-            written += ["latency_vs_concurrency.png", "throughput_vs_concurrency.png"]
-        plots.latency_cdf(results, args.out / "latency_cdf.png")
-        written.append("latency_cdf.png")
-        if any(r.server for r in results):
-            plots.queue_vs_compute(results, args.out / "queue_vs_compute.png")
-            plots.batch_histogram(results, args.out / "batch_histogram.png")
-            written += ["queue_vs_compute.png", "batch_histogram.png"]
-        if any(r.utilization for r in results):
-            plots.utilization(results, args.out / "utilization.png")
-            written.append("utilization.png")
-        print(f"wrote {', '.join(str(args.out / w) for w in written)}")
+        _write_outputs(args, target, results)
     return 1 if any(r.ok == 0 for r in results) else 0

@@ -30,89 +30,16 @@ import datetime as _dt
 import itertools
 import json
 import math
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from servelab.bench import http, schedule, stats, validity
+from servelab.bench.patterns import Pattern, closed, open_loop, sequential  # noqa: F401  (re-exported)
 from servelab.bench.progress import Progress
 from servelab.bench.targets import Target
-
-
-@dataclass
-class Pattern:
-    """How to load a target. Build with ``sequential``, ``closed``, ``open_loop``."""
-
-    mode: str = "closed"              # "closed" | "open"
-    concurrency: int = 1              # closed loop: number of clients
-    rate: float | None = None         # open loop: requests per second
-    distribution: str = "constant"    # open loop: "constant" | "poisson"
-    requests: int | None = None       # measured requests (upper bound)
-    duration: float | None = None     # measured seconds (upper bound)
-    warmup: int = 0                   # requests sent first and not measured
-    max_in_flight: int = 128          # open loop: cap on outstanding requests
-    seed: int = 0                     # open loop: Poisson schedule seed
-    late_after_ms: float = 5.0        # open loop: a send this late counts as late
-    timeout: float = 30.0             # per request, seconds
-    overflow: str = "wait"            # open loop, cap full: "wait" (held) or "drop"
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("closed", "open"):
-            raise ValueError(f"mode must be 'closed' or 'open', got {self.mode!r}")
-        if self.requests is None and self.duration is None:
-            raise ValueError("bound the run: give a request count, a duration, or both")
-        if self.requests is not None and self.requests < 1:
-            raise ValueError("requests must be >= 1")
-        if self.duration is not None and self.duration <= 0:
-            raise ValueError("duration must be > 0")
-        if self.warmup < 0:
-            raise ValueError("warmup must be >= 0")
-        if self.mode == "closed" and self.concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
-        if self.mode == "open":
-            if not self.rate or self.rate <= 0:
-                raise ValueError("an open loop needs a rate > 0")
-            if self.distribution not in schedule.DISTRIBUTIONS:
-                raise ValueError(f"distribution must be one of {schedule.DISTRIBUTIONS}")
-            if self.max_in_flight < 1:
-                raise ValueError("max_in_flight must be >= 1")
-            if self.overflow not in ("wait", "drop"):
-                raise ValueError("overflow must be 'wait' or 'drop'")
-
-    @property
-    def label(self) -> str:
-        if self.mode == "closed":
-            return "sequential" if self.concurrency == 1 else f"C={self.concurrency}"
-        return f"{self.rate:g}/s {self.distribution}"
-
-    def measured_count(self) -> int | None:
-        """Open loop: how many requests the schedule holds."""
-        if self.mode != "open":
-            return self.requests
-        n = schedule.count_for(self.rate, self.duration) if self.duration else None
-        if self.requests is not None:
-            n = self.requests if n is None else min(n, self.requests)
-        return n
-
-
-def sequential(requests: int, warmup: int = 1, **kw) -> Pattern:
-    return Pattern("closed", 1, requests=requests, warmup=warmup, **kw)
-
-
-def closed(concurrency: int, requests: int | None = None, duration: float | None = None,
-           warmup: int | None = None, **kw) -> Pattern:
-    if warmup is None:
-        warmup = concurrency  # one request per client: connections open, caches warm
-    return Pattern("closed", concurrency, requests=requests, duration=duration, warmup=warmup, **kw)
-
-
-def open_loop(rate: float, distribution: str = "constant", requests: int | None = None,
-              duration: float | None = None, warmup: int = 0, max_in_flight: int = 128,
-              seed: int = 0, **kw) -> Pattern:
-    return Pattern("open", rate=rate, distribution=distribution, requests=requests,
-                   duration=duration, warmup=warmup, max_in_flight=max_in_flight, seed=seed, **kw)
+from servelab.bench.tasks import run_coroutine
 
 
 @dataclass
@@ -356,50 +283,70 @@ class _Engine:
     async def run(self, observers: Sequence[Observer]) -> Result:
         pat = self.pattern
         started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        late = None
-        max_seen = held = dropped = 0
         ticker = validity.LoopTicker(pat.late_after_ms)
         meter = validity.CPUMeter(self.server_pids)
         try:
-            if pat.mode == "closed":
-                workers = [await self._open_session() for _ in range(pat.concurrency)]
-                if pat.warmup:
-                    await self._closed_phase(workers, pat.warmup, None, None, None)
-                for o in observers:
-                    await o.before()
-                prog = Progress(self.label, total=pat.requests, duration=pat.duration,
-                                enabled=self.progress_enabled)
-                meter.start()
-                ticker.start()
-                t0 = time.perf_counter()
-                rec = _Recorder(t0)
-                t_end = await self._closed_phase(workers, pat.requests, pat.duration, rec, prog)
-                max_seen = pat.concurrency
-            else:
-                n = pat.measured_count()
-                for _ in range(min(pat.max_in_flight, 4)):  # a few connections ready
-                    self.idle.append(await self._open_session())
-                if pat.warmup:
-                    await self._open_phase(pat.warmup, pat.seed + 1, None, None)
-                for o in observers:
-                    await o.before()
-                prog = Progress(self.label, total=n, enabled=self.progress_enabled)
-                meter.start()
-                ticker.start()
-                t0 = time.perf_counter()
-                rec = _Recorder(t0)
-                t_end, late, max_seen, held, dropped = await self._open_phase(n, pat.seed, rec, prog)
+            measure = self._measure_closed if pat.mode == "closed" else self._measure_open
+            prog, rec, t0, t_end, late, max_seen, held, dropped = await measure(observers, meter, ticker)
             tick = await ticker.stop()
             cpu = meter.stop()
             prog.close()
         finally:
-            if ticker._task is not None and not ticker._task.done():
-                ticker._task.cancel()
-            for s in self.sessions:
-                try:
-                    await self.target.close(s)
-                except Exception:
-                    pass
+            await self._release(ticker)
+        result = self._result(started, rec, t0, t_end, late, max_seen, held, dropped)
+        result.validity = validity.assess(mode=pat.mode, sent=result.sent, late=late, held=held,
+                                          ticker=tick, cpu=cpu, late_after_ms=pat.late_after_ms,
+                                          p50_ms=result.latency.get("p50_ms")).as_dict()
+        for o in observers:
+            await o.after(result)
+        return result
+
+    async def _measure_closed(self, observers: Sequence[Observer], meter, ticker) -> tuple:
+        pat = self.pattern
+        workers = [await self._open_session() for _ in range(pat.concurrency)]
+        if pat.warmup:
+            await self._closed_phase(workers, pat.warmup, None, None, None)
+        for o in observers:
+            await o.before()
+        prog = Progress(self.label, total=pat.requests, duration=pat.duration,
+                        enabled=self.progress_enabled)
+        meter.start()
+        ticker.start()
+        t0 = time.perf_counter()
+        rec = _Recorder(t0)
+        t_end = await self._closed_phase(workers, pat.requests, pat.duration, rec, prog)
+        return prog, rec, t0, t_end, None, pat.concurrency, 0, 0
+
+    async def _measure_open(self, observers: Sequence[Observer], meter, ticker) -> tuple:
+        pat = self.pattern
+        n = pat.measured_count()
+        for _ in range(min(pat.max_in_flight, 4)):  # a few connections ready
+            self.idle.append(await self._open_session())
+        if pat.warmup:
+            await self._open_phase(pat.warmup, pat.seed + 1, None, None)
+        for o in observers:
+            await o.before()
+        prog = Progress(self.label, total=n, enabled=self.progress_enabled)
+        meter.start()
+        ticker.start()
+        t0 = time.perf_counter()
+        rec = _Recorder(t0)
+        t_end, late, max_seen, held, dropped = await self._open_phase(n, pat.seed, rec, prog)
+        return prog, rec, t0, t_end, late, max_seen, held, dropped
+
+    async def _release(self, ticker) -> None:
+        """Stop the loop ticker if still running and close every session."""
+        if ticker._task is not None and not ticker._task.done():
+            ticker._task.cancel()
+        for s in self.sessions:
+            try:
+                await self.target.close(s)
+            except Exception:
+                pass
+
+    def _result(self, started: str, rec: _Recorder, t0: float, t_end: float, late, max_seen: int,
+                held: int, dropped: int) -> Result:
+        pat = self.pattern
         # The measured window: from the first scheduled send to the last answer.
         first = min(rec.sched) if rec.sched else t0
         duration = max(t_end - first, 1e-9)
@@ -414,19 +361,13 @@ class _Engine:
             send_lag = {"mean_ms": sum(lags) / len(lags), "max_ms": max(lags)}
         pdict = asdict(pat)
         pdict["label"] = pat.label
-        result = Result(
+        return Result(
             label=self.label, target=self.target.describe(), pattern=pdict, started_at=started,
             sent=len(rec.kinds), ok=len(ok_lat), errors=dict(sorted(errors.items())),
             duration_s=duration, throughput=len(ok_lat) / duration,
             latency=stats.summarize(ok_lat), latencies_ms=[x * 1000 for x in ok_lat],
             late=late, send_lag_ms=send_lag, max_in_flight_seen=max_seen, held=held, dropped=dropped,
         )
-        result.validity = validity.assess(mode=pat.mode, sent=result.sent, late=late, held=held,
-                                          ticker=tick, cpu=cpu, late_after_ms=pat.late_after_ms,
-                                          p50_ms=result.latency.get("p50_ms")).as_dict()
-        for o in observers:
-            await o.after(result)
-        return result
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
@@ -476,42 +417,6 @@ def run(target: Target, pattern: Pattern, observers: Sequence[Observer] = (),
     ``progress=None`` shows a progress bar on stderr when it is a terminal.
     """
     return run_coroutine(arun(target, pattern, observers, label, progress))
-
-
-def run_coroutine(coro):
-    """Run ``coro`` on a fresh event loop (uvloop if installed), also from
-    inside an already running loop such as a Jupyter kernel's."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return _new_loop_run(coro)
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = _new_loop_run(coro)
-        except BaseException as e:  # re-raised in the caller's thread
-            box["error"] = e
-
-    t = threading.Thread(target=target, name="servelab-bench")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def _new_loop_run(coro):
-    try:
-        import uvloop  # faster event loop: more headroom for the client
-        loop = uvloop.new_event_loop()
-    except ImportError:
-        loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
 
 
 def run_checked(target: Target, pattern: Pattern, observers_factory=None, label: str | None = None,

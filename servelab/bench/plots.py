@@ -186,6 +186,21 @@ def _offered(r: Result) -> float:
     return float(r.pattern.get("rate") or 0.0)
 
 
+def _sweep_points(ax, name: str, rs: Sequence[Result], color: str) -> None:
+    """One configuration's measured p50 and p99, invalid runs hollow, dropping runs marked x."""
+    for p, style in ((50, "-o"), (99, "-s")):
+        xs = [_offered(r) for r in rs]
+        ys = [r.latency[f"p{p}_ms"] for r in rs]
+        if xs:
+            ax.plot(xs, ys, style, color=color, label=f"{name} p{p}", alpha=0.9 if p == 50 else 0.6,
+                    markerfacecolor=color)
+        for r, x, y in zip(rs, xs, ys):
+            if not r.valid:
+                ax.plot([x], [y], "o", markersize=11, markerfacecolor="none", markeredgecolor="k")
+            if r.dropped or r.error_count:
+                ax.plot([x], [y], "x", markersize=10, color="k")
+
+
 def load_sweep(series: Mapping[str, Sequence[Result]], path=None, model: Mapping[str, dict] | None = None,
                bound_ms: float | None = None, title="Latency vs offered load") -> Figure:
     """p50 and p99 latency vs offered load (open loop), one colour per
@@ -198,18 +213,7 @@ def load_sweep(series: Mapping[str, Sequence[Result]], path=None, model: Mapping
     names = list(series) + [n for n in (model or {}) if n not in series]
     for i, name in enumerate(names):
         color = f"C{i}"
-        rs = sorted(series.get(name, []), key=_offered)
-        for p, style in ((50, "-o"), (99, "-s")):
-            xs = [_offered(r) for r in rs]
-            ys = [r.latency[f"p{p}_ms"] for r in rs]
-            if xs:
-                ax.plot(xs, ys, style, color=color, label=f"{name} p{p}", alpha=0.9 if p == 50 else 0.6,
-                        markerfacecolor=color)
-            for r, x, y in zip(rs, xs, ys):
-                if not r.valid:
-                    ax.plot([x], [y], "o", markersize=11, markerfacecolor="none", markeredgecolor="k")
-                if r.dropped or r.error_count:
-                    ax.plot([x], [y], "x", markersize=10, color="k")
+        _sweep_points(ax, name, sorted(series.get(name, []), key=_offered), color)
         m = (model or {}).get(name)
         if m:
             ax.plot(m["rates"], m["p50_ms"], "--", color=color, linewidth=1, label=f"{name} model p50")

@@ -21,7 +21,7 @@ import asyncio
 import json
 import time
 
-from servelab.bench import http
+from servelab.bench import http, tasks
 from servelab.bench.load import Observer, Result
 from servelab.triton import stats
 
@@ -108,12 +108,7 @@ class MetricsSampler:
         self._task = asyncio.ensure_future(self._poll())
 
     async def stop(self) -> dict:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await tasks.cancel_and_wait(self._task)
         return {"source": self.url, "interval_s": self.interval, "t": self.t, "series": self.series}
 
 

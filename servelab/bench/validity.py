@@ -37,6 +37,8 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
+from servelab.bench import tasks
+
 MAX_LATE_FRACTION = 0.01      # > 1 % of sends (or ticks) late: the schedule slipped
 MAX_CLIENT_CPU = 0.90         # loop thread busy > 90 % of the run: client saturated
 MAX_OTHER_CORES = 0.25        # other processes used > 1/4 core on average: machine busy
@@ -231,12 +233,7 @@ class LoopTicker:
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> dict:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await tasks.cancel_and_wait(self._task)
         return {"ticks": self.ticks, "late": self.late, "max_lag_ms": self.max_lag * 1000,
                 "lags_ms": [x * 1000 for x in self.lags]}
 
