@@ -230,6 +230,14 @@ class FastAPIBackend:
 # Triton (HTTP, tritonclient)
 # --------------------------------------------------------------------------
 
+def _close_quietly(client) -> None:
+    if client is not None:
+        try:
+            client.close()
+        except Exception:
+            pass
+
+
 class _TritonBase:
     name = "triton"
 
@@ -256,19 +264,7 @@ class _TritonBase:
             client = self._client()
             return fn(client)
         except InferenceServerException as err:
-            msg = err.message() or str(err)
-            status = str(err.status() or "")
-            lowered = msg.lower()
-            refused = _IMAGE_ERROR.search(msg)
-            if status == "400" and refused:  # the Python model's decode check (food11): the upload's fault
-                code, text = refused.group(1), refused.group(2).strip()
-                raise BadUpload(text, status=413 if code == "image_too_large" else 400, code=code) from None
-            log.warning("Triton %s model %s: HTTP %s %s", self.url, self.model, status, msg)
-            if not status or "unknown model" in lowered or "not ready" in lowered or "unavailable" in lowered \
-                    or "connect" in lowered or "timed out" in lowered:
-                raise BackendUnavailable(f"Triton cannot serve model {self.model} right now. "
-                                         "Is it running? Check TRITON_SERVER_URL.") from None
-            raise BackendFailed(f"Triton answered HTTP {status} for model {self.model}.") from None
+            self._raise_triton_error(err)
         except (OSError, TimeoutError) as err:
             log.warning("Triton %s: %s", self.url, err)   # the address goes to the log only
             raise BackendUnavailable(
@@ -279,11 +275,23 @@ class _TritonBase:
                 raise BackendUnavailable("Triton did not answer in time.") from None
             raise
         finally:
-            if client is not None:
-                try:
-                    client.close()
-                except Exception:
-                    pass
+            _close_quietly(client)
+
+    def _raise_triton_error(self, err) -> None:
+        """Triton's error, as the UI's: a refused upload (4xx), unavailable, or failed."""
+        msg = err.message() or str(err)
+        status = str(err.status() or "")
+        lowered = msg.lower()
+        refused = _IMAGE_ERROR.search(msg)
+        if status == "400" and refused:  # the Python model's decode check (food11): the upload's fault
+            code, text = refused.group(1), refused.group(2).strip()
+            raise BadUpload(text, status=413 if code == "image_too_large" else 400, code=code) from None
+        log.warning("Triton %s model %s: HTTP %s %s", self.url, self.model, status, msg)
+        if not status or "unknown model" in lowered or "not ready" in lowered or "unavailable" in lowered \
+                or "connect" in lowered or "timed out" in lowered:
+            raise BackendUnavailable(f"Triton cannot serve model {self.model} right now. "
+                                     "Is it running? Check TRITON_SERVER_URL.") from None
+        raise BackendFailed(f"Triton answered HTTP {status} for model {self.model}.") from None
 
     def config(self) -> dict:
         if self._config is None:

@@ -137,6 +137,28 @@ def _strip_prefix(state: dict, prefix: str) -> dict:
     return state
 
 
+def _from_state_dict(obj: dict, source: str):
+    """A MobileNetV2 with Food-11's head loaded from a (possibly wrapped or prefixed) state_dict."""
+    for key in ("state_dict", "model_state_dict", "model"):
+        if key in obj and isinstance(obj[key], dict):
+            obj = obj[key]
+            break
+    state = _strip_prefix(_strip_prefix(obj, "module."), "model.")
+    model = new_mobilenet_v2()
+    expected = model.state_dict()
+    bad = [
+        f"{k}: got {tuple(v.shape)}, expected {tuple(expected[k].shape)}"
+        for k, v in state.items() if k in expected and hasattr(v, "shape") and v.shape != expected[k].shape
+    ]
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if bad or missing or unexpected:
+        detail = "; ".join(bad[:3] + [f"missing {missing[:3]}"] * bool(missing) + [f"unexpected {unexpected[:3]}"] * bool(unexpected))
+        raise WeightsError(f"{source}: these weights do not fit {EXPECTED_HEAD}: {detail}.")
+    model.load_state_dict(state)
+    return model
+
+
 def load_trained(source: str):
     """A full pickled model or a state_dict (path or URL) → the 11-class model."""
     import torch
@@ -149,23 +171,7 @@ def load_trained(source: str):
     if isinstance(obj, torch.nn.Module):
         model = obj
     elif isinstance(obj, dict):
-        for key in ("state_dict", "model_state_dict", "model"):
-            if key in obj and isinstance(obj[key], dict):
-                obj = obj[key]
-                break
-        state = _strip_prefix(_strip_prefix(obj, "module."), "model.")
-        model = new_mobilenet_v2()
-        expected = model.state_dict()
-        bad = [
-            f"{k}: got {tuple(v.shape)}, expected {tuple(expected[k].shape)}"
-            for k, v in state.items() if k in expected and hasattr(v, "shape") and v.shape != expected[k].shape
-        ]
-        missing = sorted(set(expected) - set(state))
-        unexpected = sorted(set(state) - set(expected))
-        if bad or missing or unexpected:
-            detail = "; ".join(bad[:3] + [f"missing {missing[:3]}"] * bool(missing) + [f"unexpected {unexpected[:3]}"] * bool(unexpected))
-            raise WeightsError(f"{source}: these weights do not fit {EXPECTED_HEAD}: {detail}.")
-        model.load_state_dict(state)
+        model = _from_state_dict(obj, source)
     else:
         raise WeightsError(f"{source}: expected a pickled model or a state_dict, got {type(obj).__name__}.")
     model.eval()

@@ -147,7 +147,6 @@ def check_sources(source_dir: Path = SOURCE_DIR, out_dir: Path | None = None,
                   readme: Path | None = None) -> list[str]:
     """Problems found (empty when every committed .ipynb matches its source and
     every lesson table, ``readme``'s too when given, matches servelab/lessons.py)."""
-    import nbformat
 
     try:
         items = notebooks(source_dir, out_dir)
@@ -163,20 +162,28 @@ def check_sources(source_dir: Path = SOURCE_DIR, out_dir: Path | None = None,
         if stray.name not in known:
             problems.append(f"{stray.name}: no source {stray.stem}.md in {source_dir.name}/ (add one or delete it)")
     for item in items:
-        if not item.ipynb.exists():
-            problems.append(f"{item.ipynb.name}: missing; run `python -m servelab notebooks build`")
-            continue
-        committed = nbformat.read(item.ipynb, as_version=4)
-        built = build_notebook(item.source, item.name)
-        want, have = cell_summary(built), cell_summary(committed)
-        if want != have:
-            problems.append(f"{item.ipynb.name}: differs from {item.source.name}: {_first_difference(want, have)}")
-        for cell in committed.cells:
-            if cell.cell_type == "code" and (cell.get("outputs") or cell.get("execution_count") is not None):
-                problems.append(f"{item.ipynb.name}: has outputs (cell {cell.get('id')}); commit notebooks without outputs")
-                break
-        if committed.metadata.get("kernelspec", {}).get("name") != KERNELSPEC["name"]:
-            problems.append(f"{item.ipynb.name}: kernelspec is not {KERNELSPEC['name']!r}")
+        problems += _check_notebook(item)
+    return problems
+
+
+def _check_notebook(item) -> list[str]:
+    """One committed .ipynb against its source: present, same cells, no outputs, the kit's kernel."""
+    import nbformat
+
+    if not item.ipynb.exists():
+        return [f"{item.ipynb.name}: missing; run `python -m servelab notebooks build`"]
+    problems = []
+    committed = nbformat.read(item.ipynb, as_version=4)
+    built = build_notebook(item.source, item.name)
+    want, have = cell_summary(built), cell_summary(committed)
+    if want != have:
+        problems.append(f"{item.ipynb.name}: differs from {item.source.name}: {_first_difference(want, have)}")
+    for cell in committed.cells:
+        if cell.cell_type == "code" and (cell.get("outputs") or cell.get("execution_count") is not None):
+            problems.append(f"{item.ipynb.name}: has outputs (cell {cell.get('id')}); commit notebooks without outputs")
+            break
+    if committed.metadata.get("kernelspec", {}).get("name") != KERNELSPEC["name"]:
+        problems.append(f"{item.ipynb.name}: kernelspec is not {KERNELSPEC['name']!r}")
     return problems
 
 

@@ -33,6 +33,12 @@ def _instances(config):
     return max(1, total)
 
 
+def _onnx_file(config):
+    """servelab records the ONNX file name in the config (default_model_filename is model.py)."""
+    parameters = config.get("parameters") or {}
+    return (parameters.get("servelab_onnx_file") or {}).get("string_value") or "model.onnx"
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -41,11 +47,16 @@ class TritonPythonModel:
         self.inputs = [(i["name"], pb_utils.triton_string_to_numpy(i["data_type"])) for i in config["input"]]
         self.outputs = [(o["name"], pb_utils.triton_string_to_numpy(o["data_type"])) for o in config["output"]]
 
-        # servelab records the ONNX file name here (default_model_filename is model.py).
-        parameters = config.get("parameters") or {}
-        filename = (parameters.get("servelab_onnx_file") or {}).get("string_value") or "model.onnx"
+        filename = _onnx_file(config)
         path = os.path.join(args["model_repository"], args["model_version"], filename)
+        self._open_sessions(args, config, path)
+        self._check_names(filename)
+        self._warm_up(config)
+        pb_utils.Logger.log_info(
+            "{}: onnxruntime {} runner, sessions with {} thread(s), providers {}".format(
+                args["model_instance_name"], ort.__version__, sorted(self.sessions), self.session.get_providers()))
 
+    def _open_sessions(self, args, config, path):
         # Instances share the CPU cores (servelab/threads.py): an instance
         # running alone gets every core, busy instances an equal share each.
         # A session's thread count is fixed, so one session per possible share
@@ -65,6 +76,7 @@ class TritonPythonModel:
             self.sessions[n] = ort.InferenceSession(path, options, providers=providers)
         self.session = self.sessions[shares[-1]]
 
+    def _check_names(self, filename):
         # The config must describe the real model: fail the load, not a request.
         model_inputs = {i.name for i in self.session.get_inputs()}
         model_outputs = {o.name for o in self.session.get_outputs()}
@@ -74,10 +86,6 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 "config.pbtxt names {} but {} has inputs {} and outputs {}".format(
                     missing, filename, sorted(model_inputs), sorted(model_outputs)))
-        self._warm_up(config)
-        pb_utils.Logger.log_info(
-            "{}: onnxruntime {} runner, sessions with {} thread(s), providers {}".format(
-                args["model_instance_name"], ort.__version__, sorted(self.sessions), self.session.get_providers()))
 
     def _warm_up(self, config):
         """A few runs per session before serving: the first ones allocate memory."""
