@@ -122,12 +122,15 @@ def test_agrees_with_perf_analyzer(triton, tmp_path):
     model, conc = "food_classifier_onnx", 4
 
     def pa_run():
-        pa = perf.run(["-u", triton.url, "-m", model, "-b", "1", "--shape", "input:3,224,224",
-                       "--concurrency-range", str(conc), "-p", "2000",
-                       # three 2 s windows, averaged; a busy shared machine never looks "stable"
-                       "-s", "100", "--max-trials", "3"], timeout=120, check=False)
-        assert pa.results, pa.output[-2000:]
-        return pa.results[-1]
+        # 2 s windows until three agree; a busy shared machine can keep perf_analyzer from ever
+        # calling a run "stable": that run measured nothing, so it is repeated (at most 3 times).
+        for _ in range(3):
+            pa = perf.run(["-u", triton.url, "-m", model, "-b", "1", "--shape", "input:3,224,224",
+                           "--concurrency-range", str(conc), "-p", "2000",
+                           "-s", "100", "--max-trials", "6"], timeout=120, check=False)
+            if pa.results:
+                return pa.results[-1]
+        raise AssertionError(pa.output[-2000:])
 
     def agree(b, pa):
         thr = b.throughput / pa["throughput"]
