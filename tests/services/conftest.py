@@ -3,11 +3,16 @@ ports, started once per session and shared by the modules that need them."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from .helpers import start_fastapi
+
+CHROMIUM = os.environ.get("SERVELAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +40,15 @@ def fastapi_server(request):
     return request.getfixturevalue("pt_server" if request.param == "fastapi_pt" else "onnx_server")
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's headless Chromium driven by Playwright (no browser is ever downloaded)."""
+    from playwright.sync_api import sync_playwright
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (`make sysdeps`); "
+                    "no browser is downloaded", pytrace=False)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()

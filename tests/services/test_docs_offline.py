@@ -8,30 +8,11 @@ that port is aborted, and must still find the `predict` operation."""
 
 from __future__ import annotations
 
-import os
 import re
 
-import pytest
 import requests
 
 from servelab import serving
-
-CHROMIUM = os.environ.get("SERVELAB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (`make sysdeps`); "
-                    "no browser is downloaded", pytrace=False)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
 
 
 def _offline_page(browser, base_url: str):

@@ -9,7 +9,6 @@ the app: every request the browser makes is checked."""
 from __future__ import annotations
 
 import base64
-import os
 
 import pytest
 import requests
@@ -17,24 +16,6 @@ import requests
 from servelab import food11, paths, procs
 
 from .helpers import start_flask, truncated_jpeg
-
-CHROMIUM = os.environ.get("SERVELAB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (`make sysdeps`); "
-                    "no browser is downloaded", pytrace=False)
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
