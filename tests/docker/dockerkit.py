@@ -204,3 +204,28 @@ def lint_dockerfile(path: Path) -> list[str]:
     if not users or users[-1] in ("root", "0"):
         problems.append("the image runs as root (add a USER with a non-root uid)")
     return problems
+
+
+def start_compose_triton(tmp_path: Path, repo: Path, command: list[str], health: str = "ready"):
+    """Run the Compose stack's Triton ``command`` on the local tritonserver 2.51 binary, as the
+    container would: ``/models`` -> ``repo``, loopback free ports, and what the container
+    provides (the server's libraries, libpython for the stub, servelab importable).
+    Returns ``(server, base_url)``; the server is started, not yet waited for."""
+    import sysconfig
+
+    from servelab import procs, triton
+
+    install = triton.find_install()
+    backends = triton.prepare_backends(tmp_path, install)
+    ports = [procs.free_port() for _ in range(3)]
+    cmd = [str(install.server)] + [a.replace("=/models", f"={repo}") for a in command[1:]] + [
+        f"--backend-directory={backends}", "--http-address=127.0.0.1", f"--http-port={ports[0]}",
+        "--grpc-address=127.0.0.1", f"--grpc-port={ports[1]}", f"--metrics-port={ports[2]}"]
+    libs = [str(install.libs)]
+    libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    if libdir and soname and (Path(libdir) / soname).exists():
+        libs.insert(0, libdir)
+    env = {"LD_LIBRARY_PATH": os.pathsep.join(libs), "PYTHONPATH": str(REPO), "SERVELAB_DEVICE": "cpu"}
+    base = f"http://127.0.0.1:{ports[0]}"
+    server = procs.start("triton", cmd, f"{base}/v2/health/{health}", log_path=tmp_path / "triton.log", env=env)
+    return server, base

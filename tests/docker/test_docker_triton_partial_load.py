@@ -9,35 +9,18 @@ readiness, and the health check must pass; with no model loadable, it fails."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
-import sysconfig
-from pathlib import Path
 
 from servelab import compose, procs
 
-from .dockerkit import REPO, render
+from .dockerkit import REPO, render, start_compose_triton
 
 
 def _start(tmp_path, repo, command):
-    from servelab import triton
-
-    install = triton.find_install()
-    backends = triton.prepare_backends(tmp_path, install)
-    ports = [procs.free_port() for _ in range(3)]
-    cmd = [str(install.server)] + [a.replace("=/models", f"={repo}") for a in command[1:]] + [
-        f"--backend-directory={backends}", "--http-address=127.0.0.1", f"--http-port={ports[0]}",
-        "--grpc-address=127.0.0.1", f"--grpc-port={ports[1]}", f"--metrics-port={ports[2]}"]
-    libs = [str(install.libs)]
-    libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
-    if libdir and soname and (Path(libdir) / soname).exists():
-        libs.insert(0, libdir)
-    env = {"LD_LIBRARY_PATH": os.pathsep.join(libs), "PYTHONPATH": str(REPO), "SERVELAB_DEVICE": "cpu"}
-    base = f"http://127.0.0.1:{ports[0]}"
-    server = procs.start("triton", cmd, f"{base}/v2/health/live", log_path=tmp_path / "triton.log", env=env)
-    return server, base, ports[0]
+    server, base = start_compose_triton(tmp_path, repo, command, health="live")
+    return server, base, int(base.rsplit(":", 1)[1])
 
 
 def _healthcheck(healthcheck: dict, port: int) -> int:
