@@ -105,6 +105,8 @@ def test_6_triton_runs_against_a_local_triton(tmp_path):
             SERVELAB_RESULTS_DIR=str(tmp_path / "results"),
             # A fixed number of requests per measurement, no stability search: bounded time.
             SERVELAB_NB_PERF_ARGS="--request-count 48",
+            # request-rate runs: perf_analyzer refuses a count below the rate (~50/s here, 0.7 / S(1))
+            SERVELAB_NB_RATE_ARGS="--request-count 200",
             SERVELAB_NB_RUN_SECONDS="6",
             # the load sweep at reduced size: three points, short runs
             SERVELAB_NB_SWEEP_SECONDS="2", SERVELAB_NB_SWEEP_FACTORS="0.5,1.0,2.0",
