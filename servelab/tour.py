@@ -220,17 +220,26 @@ def instance_checks(concurrency, one, two) -> list:
     ratio = {c: b.throughput / a.throughput for c, a, b in zip(concurrency, one, two)}
     out = []
     if 1 in ratio:
+        # Median latencies: at one request in flight a single slow request (a page fault, a
+        # thread pool waking) moves the mean, and with it the throughput, of a short run.
+        p50 = one[0].latency["p50_ms"] / two[0].latency["p50_ms"]
         out.append(evidence.check(
-            "python_instances_c1", "python", 0.85 <= ratio[1] <= 1.15,
+            "python_instances_c1", "python", 0.85 <= p50 <= 1.15,
             "at concurrency 1, two instances match one: a lone request has nobody to run beside",
-            f"2 instances / 1 at concurrency 1: ×{ratio[1]:.2f}", [one[0], two[0]]))
-    top = max(c for c in ratio if c > 1) if any(c > 1 for c in ratio) else None
-    if top is not None:
-        i = list(concurrency).index(top)
+            f"median latency with 1 instance / with 2 at concurrency 1: ×{p50:.2f} "
+            f"(throughput ×{ratio[1]:.2f})", [one[0], two[0]]))
+    many = [i for i, c in enumerate(concurrency) if c > 1]
+    if many:
+        # All the concurrent runs together: on 2 cores the gain is small (one instance already
+        # uses both cores for a lone request), so one short run alone is mostly noise.
+        gain = sum(two[i].throughput for i in many) / sum(one[i].throughput for i in many)
+        cs = " and ".join(str(concurrency[i]) for i in many)
         out.append(evidence.check(
-            "python_instances_gain", "python", ratio[top] >= 1.0,
-            f"with {top} clients, two instances serve at least as much as one: the gain comes with concurrency",
-            f"2 instances / 1 at concurrency {top}: ×{ratio[top]:.2f}", [one[i], two[i]]))
+            "python_instances_gain", "python", gain >= 1.0,
+            f"with {cs} clients, two instances serve at least as much as one: the gain comes with concurrency",
+            f"2 instances / 1 at concurrency {cs}: ×{gain:.2f} ("
+            + ", ".join(f"C={concurrency[i]} ×{ratio[concurrency[i]]:.2f}" for i in many) + ")",
+            [r for i in many for r in (one[i], two[i])]))
     return out
 
 

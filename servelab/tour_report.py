@@ -129,8 +129,9 @@ def _batch_cost_text(t: Tour) -> list[str]:
                    f"{_fmt(q and 1000 * q, 2)} | {_fmt(q and 1000 * q / int(b), 2)} |")
     gain = f.get("batch_gain_per_image")
     out += ["", f"Raw: ONNX Runtime in the tour's own process with {f.get('batch_cost_threads')} threads (what "
-            "one Triton instance gets here). Through Triton: client batches sent one at a time, timed by "
-            "Triton's per-batch statistics, so S(b) includes what the backend adds per execution.", ""]
+            "one Triton instance gets here). Through Triton: client batches of b from four clients at once, so "
+            "the instance is always busy and the client shares the cores with it, as under load; S(b) is the "
+            "time between completions, so it includes what the backend and the client add per execution.", ""]
     if gain:
         out += [f"Through Triton an image costs {1000 * tri.get(16, math.nan) / 16:.2f} ms in a batch of 16 and "
                 f"{1000 * tri.get(1, math.nan):.2f} ms alone: batching makes it "
