@@ -7,6 +7,7 @@ either right or marked inconclusive (its runs invalid: the machine was busy).
 
     python benchmarks/lesson_stability.py                 # 5 rounds, full tour each (~4 min a round)
     python benchmarks/lesson_stability.py --rounds 3 --hog
+    python benchmarks/lesson_stability.py --rounds 3 --hog-only  # the hog rounds alone
     python benchmarks/lesson_stability.py --quick         # 2 rounds at scale 0.3
     python benchmarks/lesson_stability.py --tiny          # 1 round, FastAPI part only, tiny scale
 """
@@ -87,11 +88,13 @@ def main(argv=None) -> int:
     ap = script.Parser(__doc__, rounds=5)
     ap.sized("--scale", type=float, full=1.0, quick=0.3, tiny=0.05, help="tour scale of each round")
     ap.add_argument("--hog", action="store_true", help="also run the rounds with one core kept busy")
+    ap.add_argument("--hog-only", action="store_true", help="only the rounds with one core kept busy")
     ap.add_argument("--verbose", action="store_true", help="print the tours' own output")
     args = ap.parse_args(argv)
     components = ("fastapi_pt", "fastapi_onnx") if args.size == "tiny" else FULL
     out: dict = {"scale": args.scale, "rounds": args.rounds, "components": list(components)}
-    sets = [("idle", False)] + ([("cpu hog on one core", True)] if args.hog else [])
+    sets = ([] if args.hog_only else [("idle", False)]) + \
+        ([("cpu hog on one core", True)] if args.hog or args.hog_only else [])
     verdict = 0
     for name, hog in sets:
         rounds = []

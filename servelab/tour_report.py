@@ -167,8 +167,9 @@ def _sweep_text(t: Tour) -> list[str]:
                        f"{r.dropped} | {r.error_count} | {'yes' if r.valid else 'no'} |")
     sus, pred = f.get("sweep_sustained", {}), f.get("sweep_predicted", {})
     out += ["", f"Sustained load: the highest offered load whose p99 stays within {f['sweep_bound_ms']:.0f} ms "
-            "(10× the unloaded latency) with nothing dropped, interpolated between sweep points; the model's "
-            "figure is the same bound applied to its simulated p99.", "",
+            "(10× the unloaded median latency) with nothing dropped, interpolated between sweep points; the "
+            "model's figure is read the same way from its simulated p99 at the same offered rates, run lengths "
+            "and in-flight cap.", "",
             "| configuration | measured req/s | model req/s | gap |", "|---|---:|---:|---:|"]
     for key, name in (("off", "batching off"), ("on", "batching on")):
         m, p = sus.get(key), pred.get(key)
@@ -198,8 +199,8 @@ def _headlines(t: Tour, meta: dict) -> list[str]:
     if "sweep_sustained" in f:
         sus, pred = f["sweep_sustained"], f["sweep_predicted"]
         L.append(f"- Triton ONNX, highest Poisson load held with p99 ≤ {f['sweep_bound_ms']:.0f} ms: "
-                 f"{_fmt(sus.get('off'))} req/s without batching (model {pred['off']:.1f}), "
-                 f"{_fmt(sus.get('on'))} req/s with dynamic batching (model {pred['on']:.1f}); "
+                 f"{_fmt(sus.get('off'))} req/s without batching (model {_fmt(pred.get('off'))}), "
+                 f"{_fmt(sus.get('on'))} req/s with dynamic batching (model {_fmt(pred.get('on'))}); "
                  f"one instance's unbatched capacity 1/S(1) = {f['onnx_capacity']:.1f} req/s.")
     if "flask" in meta:
         L.append(f"- Flask UI smoke test (`GET /test` through the FastAPI backend): {meta['flask']}.")

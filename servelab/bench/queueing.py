@@ -259,6 +259,36 @@ def sustainable_rate(cost: BatchCost, bound_s: float, max_batch: int = 1, overhe
     return lo
 
 
+def simulated_run_p99(rate: float, cost: BatchCost, max_batch: int, duration_s: float,
+                      max_in_flight: int = 32, overhead_s: float = 0.0, seeds=(1, 2, 3)) -> float:
+    """The p99 latency (s) one measured sweep run would show if the server were
+    the model: Poisson arrivals for ``duration_s`` at ``rate``, latency plus
+    ``overhead_s``; ``inf`` when more than ``max_in_flight`` requests would be
+    in the system at once (the load generator drops arrivals then, and such a
+    run counts as not sustained). Median over a few seeds."""
+    import numpy as np
+
+    from servelab.bench import schedule
+    n = max(20, int(round(rate * duration_s)))
+    out = []
+    for seed in seeds:
+        lat = simulate(rate, cost, max_batch, n, "poisson", seed)["latencies"]
+        arr = np.asarray(schedule.offsets(rate, n, "poisson", seed))
+        done = arr + lat
+        in_system = max(int(np.count_nonzero(done[:i] > arr[i])) + 1 for i in range(n))
+        out.append(math.inf if in_system > max_in_flight else float(np.percentile(lat, 99)) + overhead_s)
+    return float(np.median(out))
+
+
+def predicted_crossing(rates, cost: BatchCost, max_batch: int, bound_s: float, duration_s: float,
+                       max_in_flight: int = 32, overhead_s: float = 0.0) -> float | None:
+    """``crossing`` applied to the model at the sweep's own offered rates, run
+    lengths and in-flight cap: the measured and the predicted sustained load
+    are then read off the same grid, the same way."""
+    pts = [(r, simulated_run_p99(r, cost, max_batch, duration_s, max_in_flight, overhead_s)) for r in rates]
+    return crossing(pts, bound_s)
+
+
 def crossing(points, bound: float) -> float | None:
     """Where a measured curve first rises past ``bound``: ``points`` is
     [(offered rate, value or inf)] sorted by rate. Interpolates linearly

@@ -91,3 +91,20 @@ def test_crossing():
     assert queueing.crossing(pts, 100.0) == 30
     assert queueing.crossing(pts, 4.0) is None
     assert queueing.crossing([(10, 1.0), (20, 2.0)], 5.0) == 20
+
+
+def test_predicted_crossing_reads_the_model_like_the_sweep():
+    """The model's sustained load comes from its p99 at the sweep's own rates, run length and
+    in-flight cap: past capacity the backlog outgrows the cap (inf, like a run that dropped),
+    below it the p99 is finite, and the crossing lies between the two."""
+    s = queueing.BatchCost({1: 0.010})                       # 100 requests/s at most
+    assert queueing.simulated_run_p99(200, s, 1, 3.0, max_in_flight=32) == float("inf")
+    low = queueing.simulated_run_p99(30, s, 1, 3.0, max_in_flight=32)
+    assert 0.010 <= low < 0.060
+    got = queueing.predicted_crossing([50, 80, 100, 140, 200], s, 1, 0.100, 3.0, 32)
+    assert got is not None and 50 <= got < 100
+    # a bound no run can meet: no sustained load at all
+    assert queueing.predicted_crossing([50, 80], s, 1, 0.005, 3.0, 32) is None
+    # batching with a cheap batch holds more load than without
+    cheap = queueing.BatchCost({1: 0.010, 16: 0.020})
+    assert queueing.predicted_crossing([50, 80, 100, 140, 200], cheap, 16, 0.100, 3.0, 32) > got
