@@ -36,16 +36,27 @@ def _spin(seconds: float) -> None:  # pragma: no cover - runs in the hog process
         pass
 
 
+def _tour(scale: float, out: str, components, quiet: bool) -> None:  # pragma: no cover - child process
+    lines: list[str] = []
+    tour.run_tour(tour.TourConfig(scale=scale, out=Path(out)), log=lines.append if quiet else print,
+                  components=components)
+
+
 def one_round(scale: float, components, hog: bool, quiet: bool = True) -> dict:
+    """One tour in a fresh interpreter, as `make demo` runs it: the client's
+    figures must not depend on what earlier rounds left in this process (in
+    one process the rate the tour picks fell round after round)."""
     proc = None
     if hog:
         proc = multiprocessing.Process(target=_spin, args=(3600,), daemon=True)
         proc.start()
     try:
         with tempfile.TemporaryDirectory(prefix="servelab-stability-") as d:
-            lines: list[str] = []
-            tour.run_tour(tour.TourConfig(scale=scale, out=Path(d)),
-                          log=lines.append if quiet else print, components=components)
+            child = multiprocessing.get_context("spawn").Process(target=_tour, args=(scale, d, components, quiet))
+            child.start()
+            child.join()
+            if child.exitcode != 0:
+                raise RuntimeError(f"the tour failed (exit code {child.exitcode})")
             import json
             checks = json.loads((Path(d) / "checks.json").read_text())
             results = load.load_json(Path(d) / "results.json")

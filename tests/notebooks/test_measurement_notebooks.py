@@ -103,9 +103,11 @@ def test_6_triton_runs_against_a_local_triton(tmp_path):
             TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_METRICS_URL=t.metrics_url,
             TRITON_MODEL_REPOSITORY=str(repo),
             SERVELAB_RESULTS_DIR=str(tmp_path / "results"),
-            # A fixed number of requests per measurement, no stability search: bounded time.
-            SERVELAB_NB_PERF_ARGS="--request-count 48",
-            # request-rate runs: perf_analyzer refuses a count below the rate (~50/s here, 0.7 / S(1))
+            # Three windows of 16 requests, no stability search: bounded time. (--request-count
+            # reports requests / whole seconds: 48 requests in 2.4 s read as 16.0 infer/s.)
+            SERVELAB_NB_PERF_ARGS="--measurement-mode count_windows --measurement-request-count 16 "
+                                  "--stability-percentage 100",
+            # request-rate runs: perf_analyzer refuses a count below the rate (0.5 / S(1), ~60-90/s here)
             SERVELAB_NB_RATE_ARGS="--request-count 200",
             SERVELAB_NB_RUN_SECONDS="6",
             # the load sweep at reduced size: three points, short runs
