@@ -195,7 +195,7 @@ def simulate(rate: float, cost: BatchCost, max_batch: int = 1, n: int = 20000,
              distribution: str = "poisson", seed: int = 1, queue_delay_s: float = 0.0) -> dict:
     """Simulated server-side latencies (wait + service, seconds) of ``n`` requests.
 
-    Returns ``{"latencies": ndarray, "batches": [sizes], "stable": bool}``;
+    Returns ``{"latencies": ndarray, "arrivals": ndarray, "batches": [sizes], "stable": bool}``;
     ``stable`` is False when the backlog was still growing at the end (the
     offered load is past what the configuration serves)."""
     import numpy as np
@@ -223,7 +223,7 @@ def simulate(rate: float, cost: BatchCost, max_batch: int = 1, n: int = 20000,
         i = j
     tail = lat[-max(1, n // 10):]
     stable = bool(np.median(tail) < 4 * np.median(lat[: max(1, n // 10)]) + 2 * cost(max_batch))
-    return {"latencies": lat, "batches": batches, "stable": stable}
+    return {"latencies": lat, "arrivals": arr, "batches": batches, "stable": stable}
 
 
 def simulated_percentiles(rate: float, cost: BatchCost, max_batch: int = 1, n: int = 20000,
@@ -268,12 +268,11 @@ def simulated_run_p99(rate: float, cost: BatchCost, max_batch: int, duration_s: 
     run counts as not sustained). Median over a few seeds."""
     import numpy as np
 
-    from servelab.bench import schedule
     n = max(20, int(round(rate * duration_s)))
     out = []
     for seed in seeds:
-        lat = simulate(rate, cost, max_batch, n, "poisson", seed)["latencies"]
-        arr = np.asarray(schedule.offsets(rate, n, "poisson", seed))
+        sim = simulate(rate, cost, max_batch, n, "poisson", seed)
+        lat, arr = sim["latencies"], sim["arrivals"]
         done = arr + lat
         in_system = max(int(np.count_nonzero(done[:i] > arr[i])) + 1 for i in range(n))
         out.append(math.inf if in_system > max_in_flight else float(np.percentile(lat, 99)) + overhead_s)
