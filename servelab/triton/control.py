@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from servelab import paths
 from servelab.triton.config import Edit, apply_edit, config_to_dict, describe_config, dict_to_config, load_config
 from servelab.triton.install import ADMIN_KEY_ENV, DEFAULT_GRPC_PORT, DEFAULT_HOST, GRPC_ADMIN_HEADER
-from servelab.triton.process import read_state
+from servelab.triton.process import read_state, stub_processes, wait_for_stubs
 from servelab.triton.repository import sync_model
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ class _Target:
     source: str | os.PathLike | None = None
     gpus: int | None = None
     log_path: Path | None = None
+    pid: int | None = None        # a local server's process: its stubs can be watched
 
 
 def _local_state(grpc_url: str) -> dict | None:
@@ -77,7 +78,7 @@ def _local_state(grpc_url: str) -> dict | None:
 def _target(server: TritonServer | None, grpc_url, admin_key, repo, source, gpus) -> _Target:
     if server is not None:
         return _Target(server.grpc_url, admin_key or server.admin_key, server.repo, server.source,
-                       server.gpus, server.log_path)
+                       server.gpus, server.log_path, server.pid)
     target = _Target(grpc_url or os.environ.get("TRITON_GRPC_URL") or f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}",
                      admin_key, repo, source, gpus)
     state = _local_state(target.grpc_url)
@@ -87,6 +88,7 @@ def _target(server: TritonServer | None, grpc_url, admin_key, repo, source, gpus
         target.source = target.source or state["source"]
         target.gpus = state["gpus"] if gpus is None else gpus
         target.log_path = Path(state["log"])
+        target.pid = state.get("pid")
     target.admin_key = target.admin_key or os.environ.get(ADMIN_KEY_ENV)
     return target
 
@@ -165,9 +167,18 @@ def reload_model(name: str, edit: Edit = None, *, server: TritonServer | None = 
         raise
     finally:
         client.close()
+    if target.pid is not None and any(s.model == name for s in stub_processes(target.pid)):
+        # Python-backend instances: let the old ones exit before anything is timed.
+        wait_for_stubs(target.pid, name, instance_count(reported), timeout=60.0)
     if verbose:
         print(f"reloaded {describe_config(reported)}")
     return reported
+
+
+def instance_count(config: dict) -> int:
+    """Model instances a (reported) config asks for: ``count`` per group, per listed GPU."""
+    groups = config.get("instance_group") or [{"count": 1}]
+    return max(1, sum(int(g.get("count", 1)) * max(1, len(g.get("gpus") or [])) for g in groups))
 
 
 def _log_size(log_path: Path | None) -> int:

@@ -169,6 +169,21 @@ def state_path(http_port: int) -> Path:
     return paths.BUILD_DIR / "triton" / f"run-{http_port}.json"
 
 
+def wait_for_stubs(server_pid: int, model: str, count: int, shm_prefix: str | None = None,
+                   timeout: float = 90.0) -> list[StubProcess]:
+    """Triton answers a reload as soon as the new instances are READY; the
+    old ones finish and exit a little later, and freeing a model takes CPU
+    from whatever runs meanwhile (a run timed right after a reload read its
+    first seconds 1.2-1.7x slower). Wait until ``model`` has exactly
+    ``count`` stubs (at most ``timeout`` s); returns them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stubs = [s for s in stub_processes(server_pid, shm_prefix) if s.model == model]
+        if len(stubs) == count or time.monotonic() > deadline:
+            return stubs
+        time.sleep(0.1)
+
+
 def read_state(http_port: int | None = None, grpc_port: int | None = None) -> dict | None:
     """The state of a running local Triton, by HTTP or gRPC port."""
     folder = paths.BUILD_DIR / "triton"

@@ -43,6 +43,7 @@ from servelab.triton.process import (
     stub_processes,
     terminate,
     unload_all,
+    wait_for_stubs,
 )
 from servelab.triton.process import write_state as write_state_file
 from servelab.triton.repository import build_repository, prepare_backends
@@ -111,14 +112,8 @@ class TritonServer:
         return [s for s in stubs if model is None or s.model == model]
 
     def wait_for_stubs(self, model: str, count: int, timeout: float = 90.0) -> list[StubProcess]:
-        """After a reload the old instances exit a little later than the new
-        ones are READY: wait until ``model`` has exactly ``count`` stubs."""
-        deadline = time.monotonic() + timeout
-        while True:
-            stubs = self.stub_processes(model)
-            if len(stubs) == count or time.monotonic() > deadline:
-                return stubs
-            time.sleep(0.2)
+        """Wait until ``model`` has exactly ``count`` stubs (old instances gone after a reload)."""
+        return wait_for_stubs(self.pid, model, count, self.shm_prefix, timeout) if self.alive() else []
 
     # ---- clients
     def http_client(self, **kwargs):
