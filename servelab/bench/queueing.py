@@ -238,27 +238,6 @@ def simulated_percentiles(rate: float, cost: BatchCost, max_batch: int = 1, n: i
             "stable": sim["stable"]}
 
 
-def sustainable_rate(cost: BatchCost, bound_s: float, max_batch: int = 1, overhead_s: float = 0.0,
-                     percentile: str = "p99_s", n: int = 20000, seed: int = 1) -> float:
-    """The highest Poisson rate whose simulated ``percentile`` latency plus
-    ``overhead_s`` (client and network time, outside the model) stays within
-    ``bound_s``. Bisection between 0 and the configuration's capacity."""
-    hi = cost.capacity(max_batch)
-    lo = 0.0
-    if cost(1) + overhead_s > bound_s:
-        return 0.0
-    for _ in range(30):
-        mid = (lo + hi) / 2
-        p = simulated_percentiles(mid, cost, max_batch, n, "poisson", seed)
-        if p["stable"] and p[percentile] + overhead_s <= bound_s:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 0.002 * hi:
-            break
-    return lo
-
-
 def simulated_run_p99(rate: float, cost: BatchCost, max_batch: int, duration_s: float,
                       max_in_flight: int = 32, overhead_s: float = 0.0, seeds=(1, 2, 3)) -> float:
     """The p99 latency (s) one measured sweep run would show if the server were

@@ -119,8 +119,6 @@ class TritonPythonModel:
         except Exception as err:  # one failed run fails the requests in it, not the server
             error = pb_utils.TritonError("onnxruntime failed: {}".format(err))
             return [pb_utils.InferenceResponse(error=error) for _ in requests]
-        pb_utils.Logger.log_verbose("{}: ran a batch of {} from {} request(s)".format(
-            self.name, sum(sizes), len(requests)))
 
         responses, start = [], 0
         for size in sizes:

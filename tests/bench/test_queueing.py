@@ -75,10 +75,11 @@ def test_batch_cost_interpolates_and_capacity():
 def test_batching_helps_only_when_batches_are_cheap():
     flat = queueing.BatchCost({1: 0.010, 16: 0.160})      # a CPU: cost grows linearly
     cheap = queueing.BatchCost({1: 0.010, 16: 0.020})     # a GPU: a batch costs little more
-    off = queueing.sustainable_rate(queueing.BatchCost({1: 0.010}), 0.1)
-    assert 60 < off < 100
-    assert queueing.sustainable_rate(flat, 0.1, 16) < 1.2 * off
-    assert queueing.sustainable_rate(cheap, 0.1, 16) > 3 * off
+    rates = [50, 80, 100, 140, 200, 300, 400]
+    off = queueing.predicted_crossing(rates, queueing.BatchCost({1: 0.010}), 1, 0.1, 3.0)
+    assert 50 <= off < 100
+    assert queueing.predicted_crossing(rates, flat, 16, 0.1, 3.0) < 1.2 * off
+    assert queueing.predicted_crossing(rates, cheap, 16, 0.1, 3.0) > 3 * off
     # with cheap batches, batches grow with load
     lo = queueing.simulated_percentiles(50, cheap, 16)["avg_batch"]
     hi = queueing.simulated_percentiles(300, cheap, 16)["avg_batch"]
