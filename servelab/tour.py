@@ -9,9 +9,9 @@ models, Flask UI) on free loopback ports, then runs, in order:
    (reconfigured by reloading the model through Triton's repository API).
 3. Triton, ONNX model (``food_classifier_onnx``): its service time and the
    batch-cost curve S(b) (raw ONNX Runtime and through Triton); open loop
-   at a rate chosen from the service time (utilization ~0.7), constant and
+   at a rate chosen from the service time (utilization ~0.5), constant and
    Poisson arrivals, without and then with dynamic batching; then a Poisson
-   load sweep from 0.5x to 2x one instance's unbatched capacity, batching off
+   load sweep from 0.3x to 2x one instance's unbatched capacity, batching off
    and on, against the queueing model's prediction from S(b).
 
 Every run is warmed first (after the start and after every reload) and
@@ -58,11 +58,11 @@ class TourConfig:
     triton_seconds: float = 6.0     # each Triton closed-loop point
     probe_requests: int = 40        # ONNX service-time probe (sequential)
     open_seconds: float = 8.0       # each open-loop run
-    utilization: float = 0.7        # target rho for the open-loop runs
+    utilization: float = 0.5        # target rho for the open-loop runs (of the quiet S(1); see evidence.py)
     timeout: float = 120.0          # per request: queues at 16 clients can be long on a slow CPU
     arrival_seconds: float = 5.0    # each ONNX arrival-pattern run
     sweep_seconds: float = 3.0      # each point of the load sweep
-    sweep_factors: tuple[float, ...] = (0.5, 0.8, 1.0, 1.4, 2.0)  # x one instance's unbatched capacity
+    sweep_factors: tuple[float, ...] = (0.3, 0.5, 0.8, 1.0, 1.4, 2.0)  # x one instance's unbatched capacity
     repeat_budget_s: float = 170.0  # no repeats (invalid runs, ✘ checks) once the tour has run this long
     out: Path | None = None
 
@@ -214,6 +214,9 @@ def triton_python_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_ur
                         grpc_url=grpc_url, verbose=False)
 
 
+C1_SPREAD = 1.35   # run-to-run spread of a lone request's latency on a shared 2-core VM (see below)
+
+
 def instance_checks(concurrency, one, two) -> list:
     """What a second instance buys: nothing with one request in flight (an
     instance alone gets every core either way), throughput once clients overlap."""
@@ -222,11 +225,13 @@ def instance_checks(concurrency, one, two) -> list:
     if 1 in ratio:
         # Median latencies: at one request in flight a single slow request (a page fault, a
         # thread pool waking) moves the mean, and with it the throughput, of a short run.
-        # Two copies take turns at C=1, each finding its caches cold, so here they read a
-        # little slower (x0.80-0.88 in 6 tours on 2 cores): the lesson is that they buy nothing.
+        # The two runs are half a minute apart, and on a shared 2-core VM a lone 2-thread pass
+        # drifts that much: 1 instance / 2 read x0.73-1.28 over 8 tours (Triton's own compute
+        # time moved with it, 27-40 ms). The wrong lesson this guards against read x2.2, so
+        # "buys nothing" is: no gain beyond that spread.
         p50 = one[0].latency["p50_ms"] / two[0].latency["p50_ms"]
         out.append(evidence.check(
-            "python_instances_c1", "python", p50 <= 1.10,
+            "python_instances_c1", "python", p50 <= C1_SPREAD,
             "at concurrency 1, a second instance buys nothing: a lone request has nobody to run beside",
             f"median latency with 1 instance / with 2 at concurrency 1: ×{p50:.2f} "
             f"(throughput ×{ratio[1]:.2f})", [one[0], two[0]],
@@ -347,8 +352,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply every run's size (default 1.0: a few minutes on 2 cores)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default results/<timestamp>)")
-    p.add_argument("--utilization", type=float, default=0.7,
-                   help="target utilization of the ONNX open-loop runs (default 0.7)")
+    p.add_argument("--utilization", type=float, default=TourConfig.utilization,
+                   help=f"target utilization of the ONNX open-loop runs (default {TourConfig.utilization})")
     p.set_defaults(func=_cmd_tour)
 
 

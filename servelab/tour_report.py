@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from servelab import evidence, paths, procs
-from servelab.bench import load, table
+from servelab.bench import load, queueing, table
 
 if TYPE_CHECKING:
     from servelab.tour import Tour
@@ -169,12 +169,17 @@ def _sweep_text(t: Tour) -> list[str]:
     out += ["", f"Sustained load: the highest offered load whose p99 stays within {f['sweep_bound_ms']:.0f} ms "
             "(10× the unloaded median latency) with nothing dropped, interpolated between sweep points; the "
             "model's figure is read the same way from its simulated p99 at the same offered rates, run lengths "
-            "and in-flight cap.", "",
-            "| configuration | measured req/s | model req/s | gap |", "|---|---:|---:|---:|"]
+            "and in-flight cap. The model takes S(b) as Triton timed it per batch during the sweep (a line "
+            "fitted to its per-batch-size statistics): with the client sending on the same cores an execution "
+            "costs more than in the quiet S(b) measurement above, whose prediction is shown beside it.", "",
+            "| configuration | measured req/s | model req/s | gap | S(1) in the sweep, ms | model from the quiet S(b), req/s |",
+            "|---|---:|---:|---:|---:|---:|"]
+    quiet, seen = f.get("sweep_predicted_quiet", {}), f.get("sweep_cost_seen_s", {})
     for key, name in (("off", "batching off"), ("on", "batching on")):
         m, p = sus.get(key), pred.get(key)
         gap = f"{100 * (m - p) / p:+.0f} %" if m and p else "-"
-        out.append(f"| {name} | {_fmt(m)} | {_fmt(p)} | {gap} |")
+        s1 = queueing.BatchCost(seen[key])(1) * 1000 if key in seen else None
+        out.append(f"| {name} | {_fmt(m)} | {_fmt(p)} | {gap} | {_fmt(s1)} | {_fmt(quiet.get(key))} |")
     return [*out, ""]
 
 

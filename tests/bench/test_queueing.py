@@ -109,3 +109,20 @@ def test_predicted_crossing_reads_the_model_like_the_sweep():
     # batching with a cheap batch holds more load than without
     cheap = queueing.BatchCost({1: 0.010, 16: 0.020})
     assert queueing.predicted_crossing([50, 80, 100, 140, 200], cheap, 16, 0.100, 3.0, 32) > got
+
+
+def test_cost_seen_fits_what_the_server_timed_per_batch():
+    """S(b) from Triton's per-batch statistics of the runs themselves: a line weighted by
+    executions; one size seen gives a per-image cost; too little data keeps the fallback."""
+    quiet = queueing.BatchCost({1: 0.006, 16: 0.090})
+    runs = [{"batch_histogram": {1: 80, 2: 20}, "per_batch_ms": {1: 10.0, 2: 18.0}},
+            {"batch_histogram": {4: 10, 16: 5}, "per_batch_ms": {4: 34.0, 16: 130.0}}]
+    seen = queueing.cost_seen(runs, quiet)
+    assert abs(seen(1) - 0.010) < 0.0015 and abs(seen(16) - 0.130) < 0.005
+    off = queueing.cost_seen([{"batch_histogram": {1: 50}, "per_batch_ms": {1: 10.3}}], quiet)
+    assert abs(off(1) - 0.0103) < 1e-9
+    assert queueing.cost_seen([{"batch_histogram": {1: 3}, "per_batch_ms": {1: 10.3}}, None], quiet) is quiet
+    # a slower server under load predicts a lower sustained load
+    rates = [30, 50, 80, 100, 140, 200]
+    assert queueing.predicted_crossing(rates, off, 1, 0.06, 3.0) < queueing.predicted_crossing(
+        rates, queueing.BatchCost({1: 0.0066}), 1, 0.06, 3.0)
