@@ -255,7 +255,7 @@ def write_report(t: Tour, meta: dict) -> Path:
           "![latency CDF](onnx_latency_cdf.png)", "", "![batch sizes](onnx_batch_histogram.png)", "",
           "![queue vs compute](onnx_queue_compute.png)", "",
           *_checks_table(t, "onnx"),
-          "### Load sweep: Poisson arrivals from half to twice one instance's capacity", "",
+          "### Load sweep: Poisson arrivals from a third to twice one instance's capacity", "",
           *_sweep_text(t),
           "![latency vs offered load](onnx_sweep_latency.png)", "",
           "![throughput vs offered load](onnx_sweep_throughput.png)", "",
