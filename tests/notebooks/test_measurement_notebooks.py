@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import warnings
 
 from servelab import lab
 
@@ -35,6 +36,20 @@ def _reference_page(nb, name: str, tmp_path) -> str:
     return page
 
 
+def _run_with_one_retry(name: str, env: dict[str, str], **kw):
+    """Run the notebook; if a timing check missed (a machine busy with other work), run it
+    once more, as the notebook tells the learner to, with an empty results folder so the
+    hand-in that is checked is the try whose figures are kept. The first try's misses are
+    reported as a warning: a retry is evidence about the machine, not something to hide."""
+    nb = run_notebook(name, env, timeout=600, **kw)
+    missed = _checks(notebook_text(nb))[1]
+    if missed:
+        warnings.warn(f"{name}: first try missed {missed}; ran it again", stacklevel=2)
+        shutil.rmtree(env["SERVELAB_RESULTS_DIR"], ignore_errors=True)
+        nb = run_notebook(name, env, timeout=600, **kw)
+    return nb
+
+
 def _handed_in(results, name: str) -> None:
     archives = list(results.glob(f"{name}-*.zip"))
     assert len(archives) == 1, archives
@@ -51,9 +66,7 @@ def test_4_fastapi_runs_against_the_local_stack(tmp_path):
         env = base_kernel_env(**st.env, SERVELAB_NB_SEQUENTIAL="20", SERVELAB_NB_CONCURRENT="48",
                               SERVELAB_NB_SWEEP="32", SERVELAB_RESULTS_DIR=str(tmp_path / "results"))
         assert env["FASTAPI_ONNX_URL"] != env["FASTAPI_SERVER_URL"]
-        nb = run_notebook("4_fastapi", env, timeout=600)
-        if _checks(notebook_text(nb))[1]:  # one more try on a busy machine, as the notebook advises
-            nb = run_notebook("4_fastapi", env, timeout=600)
+        nb = _run_with_one_retry("4_fastapi", env)
     text = notebook_text(nb)
     passed, failed = _checks(text)
     assert not failed, text
@@ -114,12 +127,7 @@ def test_6_triton_runs_against_a_local_triton(tmp_path):
             SERVELAB_NB_SWEEP_SECONDS="2", SERVELAB_NB_SWEEP_FACTORS="0.5,1.0,2.0",
             SERVELAB_NB_BATCH_REQUESTS="4",
         )
-        nb = run_notebook("6_triton", env, timeout=600, hooks={"on_cell_execute": hand_edit})
-        passed, failed = _checks(notebook_text(nb))
-        if failed:
-            # A timing check can miss on a machine busy with other work; the notebook then tells
-            # the learner to run it again, and so does this test, once.
-            nb = run_notebook("6_triton", env, timeout=600, hooks={"on_cell_execute": hand_edit})
+        nb = _run_with_one_retry("6_triton", env, hooks={"on_cell_execute": hand_edit})
         final = {m: t.model_config(m) for m in ("food_classifier", "food_classifier_onnx")}
     text = notebook_text(nb)
     passed, failed = _checks(text)
