@@ -56,13 +56,14 @@ class TourConfig:
     concurrent_requests: int = 160  # FastAPI, 16 clients
     concurrency: tuple[int, ...] = (1, 8, 16)
     triton_seconds: float = 6.0     # each Triton closed-loop point
-    probe_requests: int = 40        # ONNX service-time probe (sequential)
+    probe_requests: int = evidence.BatchingPlan.probe_requests    # ONNX service-time probe (sequential)
     open_seconds: float = 8.0       # each open-loop run
-    utilization: float = 0.5        # target rho for the open-loop runs (of the quiet S(1); see evidence.py)
+    utilization: float = evidence.BatchingPlan.utilization  # target rho of the open-loop runs (see evidence.py)
     timeout: float = 120.0          # per request: queues at 16 clients can be long on a slow CPU
-    arrival_seconds: float = 5.0    # each ONNX arrival-pattern run
-    sweep_seconds: float = 3.0      # each point of the load sweep
-    sweep_factors: tuple[float, ...] = (0.3, 0.5, 0.8, 1.0, 1.4, 2.0)  # x one instance's unbatched capacity
+    # the ONNX part's sizes: each arrival-pattern run, each sweep point, the sweep's grid (evidence.py)
+    arrival_seconds: float = evidence.BatchingPlan.arrival_seconds
+    sweep_seconds: float = evidence.BatchingPlan.sweep_seconds
+    sweep_factors: tuple[float, ...] = evidence.BatchingPlan.sweep_factors
     repeat_budget_s: float = 170.0  # no repeats (invalid runs, ✘ checks) once the tour has run this long
     out: Path | None = None
 

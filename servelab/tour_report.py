@@ -167,7 +167,9 @@ def _sweep_text(t: Tour) -> list[str]:
                        f"{r.dropped} | {r.error_count} | {'yes' if r.valid else 'no'} |")
     sus, pred = f.get("sweep_sustained", {}), f.get("sweep_predicted", {})
     out += ["", f"Sustained load: the highest offered load whose p99 stays within {f['sweep_bound_ms']:.0f} ms "
-            "(10× the unloaded median latency) with nothing dropped, interpolated between sweep points; the "
+            "(10× the unloaded median latency, and at least two full batches, 2 S(16): a request that just misses a "
+            "full batch waits for it and rides in the next even when the server keeps up) with nothing dropped, "
+            "interpolated between sweep points; the "
             "model's figure is read the same way from its simulated p99 at the same offered rates, run lengths "
             "and in-flight cap. The model takes S(b) as Triton timed it per batch during the sweep (a line "
             "fitted to its per-batch-size statistics): with the client sending on the same cores an execution "

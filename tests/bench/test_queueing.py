@@ -126,3 +126,15 @@ def test_cost_seen_fits_what_the_server_timed_per_batch():
     rates = [30, 50, 80, 100, 140, 200]
     assert queueing.predicted_crossing(rates, off, 1, 0.06, 3.0) < queueing.predicted_crossing(
         rates, queueing.BatchCost({1: 0.0066}), 1, 0.06, 3.0)
+
+
+def test_sustained_bound_leaves_room_for_two_full_batches():
+    cpu = q.BatchCost({1: 0.004, 16: 0.064})       # a CPU: S(b) grows with b
+    assert q.sustained_bound(0.004, cpu) == pytest.approx(0.128)       # 2 S(16) > 10 x 4 ms
+    assert q.sustained_bound(0.020, cpu) == pytest.approx(0.200)       # 10 x unloaded when larger
+    # Why: a batched server that keeps up (Poisson at 0.8 of its capacity) still shows a p99
+    # past 10 x the unloaded latency, because bursts form batches that cost nearly b x S(1);
+    # the bound must not call such a run overloaded.
+    rate = 0.8 * cpu.capacity(16)
+    p99 = q.simulated_run_p99(rate, cpu, 16, duration_s=3.0, seeds=(7,))
+    assert 10 * 0.004 < p99 <= q.sustained_bound(0.004, cpu)
