@@ -316,22 +316,16 @@ def sustained_bound(unloaded_s: float, cost: BatchCost, max_batch: int = 16, fac
 
 
 def crossing(points, bound: float) -> float | None:
-    """Where a measured curve rises past ``bound`` and stays past it: ``points``
-    is [(offered rate, value or inf)] sorted by rate. Overload only worsens as
-    the offered load grows (a queue that grows at one rate grows faster at a
-    higher one), so a lone run past the bound below a load that was held is a
-    one-off stall of the machine, not the server's limit: the crossing is read
-    from the highest rate within the bound, interpolated linearly towards the
-    next one past it. None when no point is within the bound, the last rate
-    when the last point is."""
+    """Where a measured curve first rises past ``bound``: ``points`` is
+    [(offered rate, value or inf)] sorted by rate. Interpolates linearly
+    between the last point within the bound and the first one past it;
+    None when the first point is already past it, the last rate when none is."""
     pts = sorted(points)
-    held = [i for i, (_, v) in enumerate(pts) if v <= bound]
-    if not held:
+    if not pts or not (pts[0][1] <= bound):
         return None
-    i = held[-1]
-    if i == len(pts) - 1:
-        return pts[i][0]
-    (r0, v0), (r1, v1) = pts[i], pts[i + 1]
-    if math.isinf(v1) or math.isnan(v1):
-        return r0
-    return r0 + (r1 - r0) * (bound - v0) / (v1 - v0)
+    for (r0, v0), (r1, v1) in zip(pts, pts[1:]):
+        if not (v1 <= bound):
+            if math.isinf(v1) or math.isnan(v1):
+                return r0
+            return r0 + (r1 - r0) * (bound - v0) / (v1 - v0)
+    return pts[-1][0]

@@ -92,13 +92,6 @@ def test_crossing():
     assert queueing.crossing(pts, 100.0) == 30
     assert queueing.crossing(pts, 4.0) is None
     assert queueing.crossing([(10, 1.0), (20, 2.0)], 5.0) == 20
-    # A lone stall below a load the server then held is not its limit (the tour saw a
-    # 0.5x-capacity run past the bound and the 0.8x and 0.9x runs after it within it) ...
-    stall = [(10, 5.0), (20, 30.0), (30, 8.0), (40, 20.0), (50, float("inf"))]
-    assert queueing.crossing(stall, 14.0) == 35.0
-    # ... but a curve that stays past the bound from some rate on is read there.
-    assert queueing.crossing([(10, 5.0), (20, 30.0), (30, 40.0)], 14.0) == pytest.approx(10 + 10 * 9 / 25)
-    assert queueing.crossing([(10, 30.0), (20, 40.0)], 14.0) is None
 
 
 def test_predicted_crossing_reads_the_model_like_the_sweep():
