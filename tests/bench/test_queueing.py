@@ -92,6 +92,11 @@ def test_crossing():
     assert queueing.crossing(pts, 100.0) == 30
     assert queueing.crossing(pts, 4.0) is None
     assert queueing.crossing([(10, 1.0), (20, 2.0)], 5.0) == 20
+    # A point back within the bound above the first one past it does not move the crossing up:
+    # a short run past capacity can stay within the bound by chance (a tour saw 101/s past it and
+    # 121/s within it while serving 110/s of 121: its queue was growing), so the first rise counts.
+    back = [(10, 5.0), (20, 30.0), (30, 8.0), (40, 20.0)]
+    assert queueing.crossing(back, 14.0) == pytest.approx(10 + 10 * 9 / 25)
 
 
 def test_predicted_crossing_reads_the_model_like_the_sweep():
