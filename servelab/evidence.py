@@ -123,6 +123,8 @@ class BatchingPlan:
     raw_repeats: int = 7
     bound_factor: float = 10.0        # sustained: p99 <= bound_factor x unloaded (median) latency, >= 2 S(16)
     tolerance: float = 0.20           # model vs measurement, sustained load
+    refine_rounds: int = 2            # extra sweep runs at the knee: up to 2 rounds of midpoints per configuration
+    refine_step: float = 0.15         # ... until the knee lies between rates at most 15 % apart (< tolerance)
     max_in_flight: int = 32
     timeout: float = 10.0
 
@@ -209,41 +211,43 @@ def onnx_batching(t, url: str, reload: Callable[[str, object], dict], plan: Batc
     t.facts.update(onnx_capacity=cap, sweep_bound_ms=bound_s * 1000)
     rates = [round(f * cap, 1) for f in plan.sweep_factors]
     off_cost = queueing.BatchCost({1: s1})
+
     # The model is read the way the sweep is: its p99 at the same offered rates, run lengths and
     # in-flight cap, interpolated by the same crossing(); only the server differs.
-    def predict(costs: dict) -> dict:
-        return {key: queueing.predicted_crossing(rates, c, b, bound_s, plan.sweep_seconds, plan.max_in_flight, over,
-                                                 seeds=(SWEEP_SEED,))
-                for key, (c, b) in costs.items()}
-    t.facts["sweep_predicted_quiet"] = predict({"off": (off_cost, 1), "on": (cost, 16)})
+    def model_points(rs: list[float], c: queueing.BatchCost, b: int) -> list:
+        return [(r, queueing.simulated_run_p99(r, c, b, plan.sweep_seconds, plan.max_in_flight, over,
+                                               seeds=(SWEEP_SEED,))) for r in rs]
+
+    t.facts["sweep_predicted_quiet"] = {
+        key: queueing.crossing(model_points(rates, c, b), bound_s)
+        for key, (c, b) in {"off": (off_cost, 1), "on": (cost, 16)}.items()}
 
     def sweep() -> list[Check]:
         series: dict[str, list[Result]] = {}
+        seen: dict[str, tuple] = {}
         for on in (True, False):           # batching is on from the arrivals; end with it off
             set_batching(on)
-            name = f"batching {'on' if on else 'off'}"
+            key, name = ("on", "batching on") if on else ("off", "batching off")
             group = f"Triton ONNX sweep · {name}"
-            for r in rates:
+            quiet, max_batch = (cost, 16) if on else (off_cost, 1)
+
+            def run(r: float) -> Result:
                 pat = load.open_loop(r, "poisson", duration=plan.sweep_seconds, warmup=5, seed=SWEEP_SEED,
                                      max_in_flight=plan.max_in_flight, overflow="drop", timeout=plan.timeout)
-                series.setdefault(name, []).append(measured(f"{group} · {r:g}/s", pat, group))
+                return measured(f"{group} · {r:g}/s", pat, group)
+
+            series[name], c = _refined_sweep(run, rates, quiet, max_batch, model_points, bound_s, plan)
+            seen[key] = (c, max_batch)
         t.sweep = series
-        # The model's S(b) is what Triton timed per batch during these runs: under open-loop load
-        # the client and Triton's frontend share the cores, and an execution took up to 1.6x the
-        # quiet S(b) (seen: 10.3 vs 6.6 ms per request without batching), so a model fed the quiet
-        # figure expected a capacity the machine did not have while the client was sending.
-        seen = {"off": (queueing.cost_seen([r.server for r in series["batching off"]], off_cost), 1),
-                "on": (queueing.cost_seen([r.server for r in series["batching on"]], cost), 16)}
-        predicted = predict(seen)
+        predicted = {key: queueing.crossing(model_points([r.pattern["rate"] for r in series[name]], c, b), bound_s)
+                     for key, name, (c, b) in (("off", "batching off", seen["off"]), ("on", "batching on", seen["on"]))}
         t.facts.update(sweep_predicted=predicted,
                        sweep_cost_seen_s={k: c.as_dict() for k, (c, _) in seen.items()})
         checks = []
         sustained = {}
         for key, name in (("off", "batching off"), ("on", "batching on")):
             rs = series[name]
-            pts = [(r.pattern["rate"], r.latency["p99_ms"] / 1000 if not (r.dropped or r.error_count) else math.inf)
-                   for r in rs]
-            got = queueing.crossing(pts, bound_s)
+            got = queueing.crossing(_sweep_points(rs), bound_s)
             sustained[key] = got
             pred = predicted[key]
             if got is None or pred is None:
@@ -274,6 +278,37 @@ def onnx_batching(t, url: str, reload: Callable[[str, object], dict], plan: Batc
     t.model_curves = {
         "batching off": model_curve(queueing.BatchCost(seen["off"]) if "off" in seen else off_cost, 1, cap, over),
         "batching on": model_curve(queueing.BatchCost(seen["on"]) if "on" in seen else cost, 16, cap, over)}
+
+
+def _sweep_points(rs: list[Result]) -> list:
+    """(offered rate, p99 s) of sweep runs; inf for a run that dropped or lost requests."""
+    return [(r.pattern["rate"], r.latency["p99_ms"] / 1000 if not (r.dropped or r.error_count) else math.inf)
+            for r in rs]
+
+
+def _refined_sweep(run: Callable[[float], Result], rates: list[float], quiet: queueing.BatchCost, max_batch: int,
+                   model_points: Callable, bound_s: float, plan: BatchingPlan) -> tuple[list[Result], queueing.BatchCost]:
+    """One configuration's sweep: ``run`` at every grid rate, then at the knee's midpoints.
+    Returns the runs by rate and S(b) as the server showed it during them."""
+    rs = [run(r) for r in rates]
+    # The model's S(b) is what Triton timed per batch during these runs: under open-loop load
+    # the client and Triton's frontend share the cores, and an execution took up to 1.6x the
+    # quiet S(b) (seen: 10.3 vs 6.6 ms per request without batching), so a model fed the quiet
+    # figure expected a capacity the machine did not have while the client was sending.
+    cost = queueing.cost_seen([r.server for r in rs], quiet)
+    # The grid sits on the quiet S(1), but the knee falls where the sweep's S(1) puts it (0.76-1.31x
+    # the quiet one): where the measured or the model's first rise lies in a gap wider than the
+    # check can resolve, measure its midpoint too (a run that dropped reads as the rate before it,
+    # so a wide gap alone put the two a whole grid step apart: 64.9 vs 103.8 req/s).
+    for _ in range(plan.refine_rounds):
+        done = {r.pattern["rate"] for r in rs}
+        extra = [r for r in queueing.refine_rates([_sweep_points(rs), model_points(sorted(done), cost, max_batch)],
+                                                  bound_s, 1 + plan.refine_step) if r not in done]
+        if not extra:
+            break
+        rs = sorted(rs + [run(r) for r in extra], key=lambda r: r.pattern["rate"])
+        cost = queueing.cost_seen([r.server for r in rs], quiet)
+    return rs, cost
 
 
 def model_curve(cost: queueing.BatchCost, max_batch: int, capacity: float, overhead_s: float) -> dict:

@@ -315,6 +315,19 @@ def sustained_bound(unloaded_s: float, cost: BatchCost, max_batch: int = 16, fac
     return max(factor * unloaded_s, 2.0 * cost(max_batch))
 
 
+def knee(points, bound: float):
+    """The two points a curve's first rise past ``bound`` lies between:
+    ((rate, value) of the last point within it, (rate, value) of the first
+    past it); None when the curve starts past the bound or never rises past it."""
+    pts = sorted(points)
+    if not pts or not (pts[0][1] <= bound):
+        return None
+    for p0, p1 in zip(pts, pts[1:]):
+        if not (p1[1] <= bound):
+            return p0, p1
+    return None
+
+
 def crossing(points, bound: float) -> float | None:
     """Where a measured curve first rises past ``bound``: ``points`` is
     [(offered rate, value or inf)] sorted by rate. Interpolates linearly
@@ -323,9 +336,24 @@ def crossing(points, bound: float) -> float | None:
     pts = sorted(points)
     if not pts or not (pts[0][1] <= bound):
         return None
-    for (r0, v0), (r1, v1) in zip(pts, pts[1:]):
-        if not (v1 <= bound):
-            if math.isinf(v1) or math.isnan(v1):
-                return r0
-            return r0 + (r1 - r0) * (bound - v0) / (v1 - v0)
-    return pts[-1][0]
+    gap = knee(pts, bound)
+    if gap is None:
+        return pts[-1][0]
+    (r0, v0), (r1, v1) = gap
+    if math.isinf(v1) or math.isnan(v1):
+        return r0
+    return r0 + (r1 - r0) * (bound - v0) / (v1 - v0)
+
+
+def refine_rates(curves, bound: float, widest: float) -> list[float]:
+    """Rates to add to a sweep so that each curve's knee (see ``knee``) is
+    bracketed by rates at most ``widest`` x apart: the geometric midpoint of
+    every wider knee gap. A run past the bound that dropped requests is read
+    as the rate before it, so a coarse grid alone can put two curves a whole
+    grid step apart."""
+    out = set()
+    for pts in curves:
+        gap = knee(pts, bound)
+        if gap is not None and gap[1][0] > widest * gap[0][0]:
+            out.add(round(math.sqrt(gap[0][0] * gap[1][0]), 1))
+    return sorted(out)

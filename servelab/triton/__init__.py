@@ -87,7 +87,7 @@ from servelab.triton.config import (
     localize_config,
     parse_config_text,
 )
-from servelab.triton.control import model_config, reload_model
+from servelab.triton.control import instance_count, model_config, reload_model
 from servelab.triton.install import (
     ADMIN_KEY_ENV,
     DEFAULT_GRPC_PORT,
@@ -113,6 +113,6 @@ __all__ = [
     "Edit", "StubProcess", "TritonError", "TritonInstall", "TritonServer", "add_parser", "apply_edit",
     "build_repository", "config_to_dict", "config_to_text", "describe_config", "dict_to_config",
     "find_install", "gpu_count", "is_onnx_config", "is_runner_config", "load_config", "localize_config",
-    "model_config", "parse_config_text", "prepare_backends", "read_state", "reload_model",
+    "instance_count", "model_config", "parse_config_text", "prepare_backends", "read_state", "reload_model",
     "running", "snapshot", "start", "state_path", "stats_delta", "stop_running", "stub_processes", "sync_model",
 ]

@@ -241,6 +241,9 @@ def _command(binary: TritonInstall, repo: Path, backends: Path, names: Sequence[
         f"--model-repository={repo}",
         f"--backend-directory={backends}",
         "--model-control-mode=explicit",
+        # The configs are complete: without this, every (re)load of a Python-backend model first
+        # starts a stub just to ask model.py for a config (importing torch: ~5 s of a reload here).
+        "--disable-auto-complete-config",
         *[f"--load-model={n}" for n in names],
         f"--http-address={host}", f"--http-port={http_port}",
         f"--grpc-address={host}", f"--grpc-port={grpc_port}",

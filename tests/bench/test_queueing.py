@@ -99,6 +99,26 @@ def test_crossing():
     assert queueing.crossing(back, 14.0) == pytest.approx(10 + 10 * 9 / 25)
 
 
+def test_refine_rates_brackets_each_knee_within_the_step():
+    """A run past capacity that dropped requests reads as the rate before it, so on a coarse grid
+    a measured and a predicted knee in the same wide gap can read a whole step apart (a tour:
+    measured 64.9 = the 0.5x point, model 103.8 = the 0.8x point). The sweep adds the geometric
+    midpoint of every knee gap wider than the step it allows, for either curve."""
+    inf = float("inf")
+    measured = [(50.0, 0.02), (80.0, inf), (90.0, inf)]
+    model = [(50.0, 0.02), (80.0, 0.05), (90.0, inf)]
+    assert queueing.knee(measured, 0.1) == ((50.0, 0.02), (80.0, inf))
+    assert queueing.knee(model, 0.1) == ((80.0, 0.05), (90.0, inf))
+    assert queueing.knee([(50.0, 0.2)], 0.1) is None and queueing.knee(model[:2], 1.0) is None
+    # the measured knee's gap (x1.6) is wider than x1.15; the model's (x1.125) is not
+    assert queueing.refine_rates([measured, model], 0.1, 1.15) == [round((50 * 80) ** 0.5, 1)]
+    assert queueing.refine_rates([measured, model], 0.1, 1.7) == []
+    # once the midpoint is measured the knee is bracketed finely and crossing() reads it there
+    measured.append((63.2, 0.03))
+    assert queueing.crossing(measured, 0.1) == 63.2
+    assert queueing.refine_rates([measured], 0.1, 1.15) == [round((63.2 * 80) ** 0.5, 1)]
+
+
 def test_predicted_crossing_reads_the_model_like_the_sweep():
     """The model's sustained load comes from its p99 at the sweep's own rates, run length and
     in-flight cap: past capacity the backlog outgrows the cap (inf, like a run that dropped),
