@@ -215,8 +215,7 @@ def onnx_batching(t, url: str, reload: Callable[[str, object], dict], plan: Batc
     # The model is read the way the sweep is: its p99 at the same offered rates, run lengths and
     # in-flight cap, interpolated by the same crossing(); only the server differs.
     def model_points(rs: list[float], c: queueing.BatchCost, b: int) -> list:
-        return [(r, queueing.simulated_run_p99(r, c, b, plan.sweep_seconds, plan.max_in_flight, over,
-                                               seeds=(SWEEP_SEED,))) for r in rs]
+        return queueing.simulated_sweep(rs, c, b, plan.sweep_seconds, plan.max_in_flight, over, seeds=(SWEEP_SEED,))
 
     t.facts["sweep_predicted_quiet"] = {
         key: queueing.crossing(model_points(rates, c, b), bound_s)

@@ -157,8 +157,8 @@ def _sweep_text(t: Tour) -> list[str]:
            "off; where the measured or the model's curve first rises past the bound between two loads more than "
            f"{100 * evidence.BatchingPlan.refine_step:.0f} % apart, their midpoint is measured too (up to "
            f"{evidence.BatchingPlan.refine_rounds} rounds), so both are read on a grid finer than the "
-           f"±{100 * evidence.BatchingPlan.tolerance:.0f} % check. Past capacity the queue grows: at most 32 requests are kept in flight and later arrivals "
-           "are dropped (counted), so an overloaded run ends on time. Dashed and dotted lines: the model's p50 "
+           f"±{100 * evidence.BatchingPlan.tolerance:.0f} % check. Past capacity the queue grows: at most 32 "
+           "requests are kept in flight and later arrivals are dropped (counted), so an overloaded run ends on time. Dashed and dotted lines: the model's p50 "
            "and p99 (plus the unloaded client overhead); hollow circles: invalid runs; x: runs that dropped "
            "requests or timed out.", "",
            "| offered req/s | batching | served req/s | p50 ms | p99 ms | avg batch | dropped | timed out/failed | valid |",

@@ -300,8 +300,13 @@ def predicted_crossing(rates, cost: BatchCost, max_batch: int, bound_s: float, d
     ``seeds=(seed,)`` and the model meets the very arrival times the client
     sent (``schedule.offsets``): a short run's p99 is set by its largest
     burst, so with other arrival times the two p99s differ by chance."""
-    pts = [(r, simulated_run_p99(r, cost, max_batch, duration_s, max_in_flight, overhead_s, seeds)) for r in rates]
-    return crossing(pts, bound_s)
+    return crossing(simulated_sweep(rates, cost, max_batch, duration_s, max_in_flight, overhead_s, seeds), bound_s)
+
+
+def simulated_sweep(rates, cost: BatchCost, max_batch: int, duration_s: float, max_in_flight: int = 32,
+                    overhead_s: float = 0.0, seeds=(1, 2, 3)) -> list[tuple[float, float]]:
+    """[(rate, ``simulated_run_p99``)] at each offered rate: the model's sweep curve."""
+    return [(r, simulated_run_p99(r, cost, max_batch, duration_s, max_in_flight, overhead_s, seeds)) for r in rates]
 
 
 def sustained_bound(unloaded_s: float, cost: BatchCost, max_batch: int = 16, factor: float = 10.0) -> float:
