@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from servelab import bench, stack
+from servelab.bench import load
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,9 @@ def test_fastapi_errors_counted(services):
 
 def test_fastapi_open_loop(services):
     t = bench.FastAPITarget(services.urls["fastapi_onnx"])
-    r = bench.run(t, bench.open_loop(20, "constant", requests=10))
-    assert r.sent == 10 and r.ok == 10, r.errors
+    # run_checked repeats a run the machine spoiled (late sends are one of its reasons)
+    r = load.run_checked(t, bench.open_loop(20, "constant", requests=10), attempts=3, pause_s=0.5)
+    assert r.sent == 10 and r.ok == 10 and r.held == 0, r.errors
     # sends follow the schedule (a busy CPU may delay one by a few ms: counted as late)
     assert r.late is not None and r.late <= 3 and r.send_lag_ms["mean_ms"] < 20
     assert r.latency["min_ms"] > 0
