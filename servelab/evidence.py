@@ -246,7 +246,7 @@ def onnx_batching(t, url: str, reload: Callable[[str, object], dict], plan: Batc
         sustained = {}
         for key, name in (("off", "batching off"), ("on", "batching on")):
             rs = series[name]
-            got = queueing.crossing(_sweep_points(rs), bound_s)
+            got = queueing.crossing(queueing.measured_points(rs), bound_s)
             sustained[key] = got
             pred = predicted[key]
             if got is None or pred is None:
@@ -279,12 +279,6 @@ def onnx_batching(t, url: str, reload: Callable[[str, object], dict], plan: Batc
         "batching on": model_curve(queueing.BatchCost(seen["on"]) if "on" in seen else cost, 16, cap, over)}
 
 
-def _sweep_points(rs: list[Result]) -> list:
-    """(offered rate, p99 s) of sweep runs; inf for a run that dropped or lost requests."""
-    return [(r.pattern["rate"], r.latency["p99_ms"] / 1000 if not (r.dropped or r.error_count) else math.inf)
-            for r in rs]
-
-
 def _refined_sweep(run: Callable[[float], Result], rates: list[float], quiet: queueing.BatchCost, max_batch: int,
                    model_points: Callable, bound_s: float, plan: BatchingPlan) -> tuple[list[Result], queueing.BatchCost]:
     """One configuration's sweep: ``run`` at every grid rate, then at the knee's midpoints.
@@ -301,7 +295,7 @@ def _refined_sweep(run: Callable[[float], Result], rates: list[float], quiet: qu
     # so a wide gap alone put the two a whole grid step apart: 64.9 vs 103.8 req/s).
     for _ in range(plan.refine_rounds):
         done = {r.pattern["rate"] for r in rs}
-        extra = [r for r in queueing.refine_rates([_sweep_points(rs), model_points(sorted(done), cost, max_batch)],
+        extra = [r for r in queueing.refine_rates([queueing.measured_points(rs), model_points(sorted(done), cost, max_batch)],
                                                   bound_s, 1 + plan.refine_step) if r not in done]
         if not extra:
             break

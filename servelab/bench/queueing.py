@@ -350,6 +350,14 @@ def crossing(points, bound: float) -> float | None:
     return r0 + (r1 - r0) * (bound - v0) / (v1 - v0)
 
 
+def measured_points(runs) -> list[tuple[float, float]]:
+    """(offered rate, p99 s) of load-sweep runs (``servelab.bench.Result``) for
+    ``crossing``: inf for a run that dropped or lost requests (its p99 only
+    covers the requests that came back)."""
+    return [(r.pattern["rate"], r.latency["p99_ms"] / 1000 if not (r.dropped or r.error_count) else math.inf)
+            for r in runs]
+
+
 def refine_rates(curves, bound: float, widest: float) -> list[float]:
     """Rates to add to a sweep so that each curve's knee (see ``knee``) is
     bracketed by rates at most ``widest`` x apart: the geometric midpoint of

@@ -99,6 +99,21 @@ def test_crossing():
     assert queueing.crossing(back, 14.0) == pytest.approx(10 + 10 * 9 / 25)
 
 
+def test_measured_points_count_a_run_that_lost_requests_as_past_the_bound():
+    """A run's p99 covers only the requests that came back: one that dropped sends or got
+    errors reads as past any bound (the tour and notebook 6 read their sweeps this way)."""
+    from servelab import bench
+
+    def run(rate, p99_ms, dropped=0, errors=None):
+        return bench.Result(label="", target={}, pattern={"rate": rate}, started_at="", sent=10, ok=10,
+                            errors=errors or {}, duration_s=1.0, throughput=10.0,
+                            latency={"p99_ms": p99_ms}, dropped=dropped)
+
+    runs = [run(20.0, 30.0), run(40.0, 50.0, errors={"HTTP 503": 1}), run(60.0, 40.0, dropped=3)]
+    assert queueing.measured_points(runs) == [(20.0, 0.03), (40.0, math.inf), (60.0, math.inf)]
+    assert queueing.crossing(queueing.measured_points(runs), 0.1) == 20.0
+
+
 def test_refine_rates_brackets_each_knee_within_the_step():
     """A run past capacity that dropped requests reads as the rate before it, so on a coarse grid
     a measured and a predicted knee in the same wide gap can read a whole step apart (a tour:
