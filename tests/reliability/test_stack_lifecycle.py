@@ -121,7 +121,7 @@ class _Clients:
                 outcome = f"HTTP {r.status_code}"
             except requests.Timeout:
                 outcome = "TIMEOUT"
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError):  # the latter: mid-body
                 outcome = "connection closed"
                 session.close()
                 session = requests.Session()
