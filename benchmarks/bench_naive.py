@@ -13,9 +13,10 @@ FastAPI, perf_analyzer with an input.json made from that photo for Triton.
 
 Each figure is the best of ``--rounds`` (other load can only slow a round
 down), and kit and naive alternate inside every round, so a ratio compares
-figures taken a few seconds apart; in Triton every configuration compared is
-loaded at once (no reload between two sides of a ratio) and each runs twice a
-round, in an order and then its reverse. Prints every row of the issue's target
+figures taken a few seconds apart; in Triton every configuration in a ratio
+is loaded at once (no reload between two sides of a ratio) and each runs
+twice a round, in an order and then its reverse (only naive count 2 with
+default threads needs a reload, and runs once). Prints every row of the issue's target
 table with its target and PASS/FAIL, then the raw figures. Exit status 0
 whatever the verdicts (a measurement, not a test); ``--strict`` exits 1 on a
 FAIL. On a shared machine, read the load average printed with the table.
@@ -186,9 +187,10 @@ def bench_triton_pt(t, args, input_json: Path) -> dict:
             perf.run(f"-u {t.url} -m {model} --input-data {input_json} -b 1 --concurrency-range 2 "
                      f"{perf_args(args.window_ms // 3)}", timeout=300, check=False)
 
-    set_instances(t, KIT_PT2, 2)
-    set_instances(t, NAIVE_PT2, 2, 1)
-    current: dict = {KIT_PT: (1, None), NAIVE_PT: (1, None), KIT_PT2: (2, None), NAIVE_PT2: (2, 1)}
+    current: dict = {KIT_PT: (1, None), NAIVE_PT: (1, None)}   # as models_staging/ loads them
+    for model, count, threads in ((KIT_PT2, 2, None), (NAIVE_PT2, 2, 1)):
+        set_instances(t, model, count, threads)
+        current[model] = (count, threads)
     for round_ in range(args.rounds):
         if current[NAIVE_PT] != (1, None):  # every round starts from one instance, torch defaults
             set_instances(t, NAIVE_PT, 1)
