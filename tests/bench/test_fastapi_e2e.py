@@ -47,6 +47,12 @@ def test_fastapi_open_loop(services):
     # run_checked repeats a run the machine spoiled (late sends are one of its reasons)
     r = load.run_checked(t, bench.open_loop(20, "constant", requests=10), attempts=3, pause_s=0.5)
     assert r.sent == 10 and r.ok == 10 and r.held == 0, r.errors
-    # sends follow the schedule (a busy CPU may delay one by a few ms: counted as late)
-    assert r.late is not None and r.late <= 3 and r.send_lag_ms["mean_ms"] < 20
+    # sends follow the schedule (a busy CPU may delay one by a few ms: counted as late) -
+    # or, on a machine other work keeps busy (CI once: 0.99 of 2 cores, 6 late in all 3
+    # attempts), the run says it is not evidence, and why
+    assert r.late is not None
+    if r.valid:
+        assert r.late <= 3 and r.send_lag_ms["mean_ms"] < 20
+    else:
+        assert r.verdict == "inconclusive: the machine was busy" and r.validity["reasons"], r.validity
     assert r.latency["min_ms"] > 0
