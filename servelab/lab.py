@@ -19,6 +19,14 @@ CHECK_FAIL = "✘ not what the lesson predicts"
 
 CHECK_INCONCLUSIVE = "? inconclusive: the machine was busy"
 
+# How far apart two runs of a lone request (concurrency 1) read on a shared 2-core VM,
+# with nothing else on it: 24 back-to-back perf_analyzer runs of one copy read 21.6-31.9
+# infer/s (x1.48; its compute time 30-45 ms), and 1 instance / 2 read x0.73-1.28 in median
+# latency over 8 tours. The host's other tenants do this, unseen from inside the VM. A
+# check that "a second copy buys nothing at one client" therefore allows no gain beyond
+# this spread; the wrong lesson it guards against reads x2.
+LONE_REQUEST_SPREAD = 1.5
+
 
 def _validity(run) -> dict:
     """A bench ``Result``'s validity, or a perf_analyzer figures dict's (``show``)."""
@@ -47,6 +55,18 @@ def check(passed: bool, expected: str, measured: str, runs=()) -> None:
     print(f"{mark}: {expected}\n    measured: {measured}")
     if not passed:
         print("    (a busy machine or very few requests can do this: run the cell again, or compare with the answer key)")
+
+
+def warm_copies(triton_url: str, model: str, config: dict) -> None:
+    """Send a few unmeasured requests to every copy of a model Triton has just
+    (re)loaded, ``config`` being what Triton reports: a new copy is slow on its
+    first requests (it allocates, initializes its device, pages its weights in),
+    and that is not what a measurement is meant to show."""
+    from servelab import bench
+    from servelab.triton.control import instance_count
+
+    copies = instance_count(config)
+    bench.warm(bench.triton_target(triton_url, model), requests=2 * copies, concurrency=copies)
 
 
 def wait_for_backend(url: str, backend: str, timeout_s: float = 900.0, poll_s: float = 5.0,

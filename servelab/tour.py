@@ -41,6 +41,7 @@ from servelab import evidence, paths
 from servelab.bench import load, queueing, table, targets
 from servelab.bench.load import Result
 from servelab.bench.triton import HostCPUObserver, TritonObserver
+from servelab.lab import LONE_REQUEST_SPREAD
 from servelab.tour_report import _machine, _weights_kind, write_report  # the report lives in tour_report
 
 PY_MODEL = "food_classifier"
@@ -217,9 +218,6 @@ def triton_python_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_ur
     # The two instances stay loaded (idle, no CPU) until the tour stops the stack.
 
 
-C1_SPREAD = 1.35   # run-to-run spread of a lone request's latency on a shared 2-core VM (see below)
-
-
 def instance_checks(concurrency, one, two) -> list:
     """What a second instance buys: nothing with one request in flight (an
     instance alone gets every core either way), throughput once clients overlap."""
@@ -228,13 +226,11 @@ def instance_checks(concurrency, one, two) -> list:
     if 1 in ratio:
         # Median latencies: at one request in flight a single slow request (a page fault, a
         # thread pool waking) moves the mean, and with it the throughput, of a short run.
-        # The two runs are half a minute apart, and on a shared 2-core VM a lone 2-thread pass
-        # drifts that much: 1 instance / 2 read x0.73-1.28 over 8 tours (Triton's own compute
-        # time moved with it, 27-40 ms). The wrong lesson this guards against read x2.2, so
-        # "buys nothing" is: no gain beyond that spread.
+        # The two runs are half a minute apart: "buys nothing" is no gain beyond the spread
+        # of a lone request's latency between runs (lab.LONE_REQUEST_SPREAD; notebook 6 too).
         p50 = one[0].latency["p50_ms"] / two[0].latency["p50_ms"]
         out.append(evidence.check(
-            "python_instances_c1", "python", p50 <= C1_SPREAD,
+            "python_instances_c1", "python", p50 <= LONE_REQUEST_SPREAD,
             "at concurrency 1, a second instance buys nothing: a lone request has nobody to run beside",
             f"median latency with 1 instance / with 2 at concurrency 1: ×{p50:.2f} "
             f"(throughput ×{ratio[1]:.2f})", [one[0], two[0]],

@@ -48,3 +48,25 @@ def test_tour_small(built_models, tmp_path):
     # services stopped: every port the tour used is free again
     ports = {http.split_url(r.target["url"])[1] for r in results if r.target.get("url")}
     assert ports and all(procs.port_is_free(p) for p in ports)
+
+
+def _closed_run(c: int, p50_ms: float, throughput: float) -> load.Result:
+    return load.Result(f"C={c}", {}, {"concurrency": c}, "", 100, 100, {}, 10.0, throughput,
+                       {"p50_ms": p50_ms, "mean_ms": p50_ms}, validity={"valid": True})
+
+
+def test_instance_checks_allow_drift_but_not_a_gain_at_one_client():
+    """At one client a second instance buys nothing: a lone request a third faster or
+    slower is the machine's drift between runs (passes); twice as fast is the wrong
+    lesson (fails). With 8 clients two instances must serve at least as much as one."""
+    from servelab import evidence
+
+    def statuses(p50_two, thr8_two):
+        one = [_closed_run(1, 40.0, 25.0), _closed_run(8, 320.0, 25.0)]
+        two = [_closed_run(1, p50_two, 1000 / p50_two), _closed_run(8, 200.0, thr8_two)]
+        return [c.status for c in tour.instance_checks([1, 8], one, two)]
+
+    assert statuses(40.0 / 1.3, 40.0) == [evidence.PASS, evidence.PASS]
+    assert statuses(40.0 * 1.2, 40.0) == [evidence.PASS, evidence.PASS]
+    assert statuses(20.0, 40.0) == [evidence.FAIL, evidence.PASS]
+    assert statuses(40.0, 20.0) == [evidence.PASS, evidence.FAIL]
