@@ -12,8 +12,10 @@ FastAPI, perf_analyzer with an input.json made from that photo for Triton.
     .venv/bin/python benchmarks/bench_naive.py [--rounds 2] [--quick | --tiny] [--json out.json]
 
 Each figure is the best of ``--rounds`` (other load can only slow a round
-down), and kit and naive alternate inside every round, so a ratio compares
-figures taken a few seconds apart; in Triton every configuration in a ratio
+down), and kit and naive alternate inside every round, in an order and then
+its reverse (ABBA), so a ratio compares figures taken a few seconds apart and
+a host that changes speed between them (this shared VM drifts by up to 1.5x
+within a minute) weighs on both sides; in Triton every configuration in a ratio
 is loaded at once (no reload between two sides of a ratio) and each runs
 twice a round, in an order and then its reverse (only naive count 2 with
 default threads needs a reload, and runs once). Prints every row of the issue's target
@@ -108,8 +110,9 @@ def bench_fastapi(args, log_dir: Path, payload: dict, servers: dict) -> dict:
         for backend in ("onnx", "pt"):
             for key in (f"kit_{backend}", f"naive_{backend}"):   # warm both (first requests allocate)
                 notebook_loop(servers[key].url, payload, args.warmup, 1)
+            pair = [f"kit_{backend}", f"naive_{backend}"]
             for mode, n, clients in (("seq", args.requests, 1), ("c16", args.concurrent_requests, 16)):
-                for key in (f"kit_{backend}", f"naive_{backend}"):
+                for key in pair + pair[::-1]:   # ABBA: a slow moment of the host hits both sides
                     r = notebook_loop(servers[key].url, payload, n, clients)
                     runs[f"{key}/{mode}"].append(r)
                     print(f"  {key:10} {mode:4} {r['throughput']:6.1f} req/s  p50 {r['p50_ms']:6.1f} ms  "
@@ -244,13 +247,14 @@ def bench_triton_onnx(t, args) -> dict:
     runs: dict = {"raw ORT b16 (for http)": [], "http": [], "raw ORT b16 (for http+shm)": [], "http+shm": []}
     for _ in range(args.rounds):
         for proto, extra in (("http", ""), ("http+shm", f"--shared-memory system -H admin-key:{t.admin_key}")):
-            raw = raw_ort_b16(args.ort_seconds)
+            raw_before = raw_ort_b16(args.ort_seconds)
             before = t.snapshot(ONNX_MODEL)
             cpu0 = cpu_seconds(t.pid)
             r = perf_once(args, f"-u {t.url} -m {ONNX_MODEL} -b 1 --shape input:3,224,224 --concurrency-range 16 "
                                 f"{extra}", at_least_ms=max(args.window_ms, 1500))
             cpu1 = cpu_seconds(t.pid)
             d = triton.stats_delta(before, t.snapshot(ONNX_MODEL))
+            raw = (raw_before + raw_ort_b16(args.ort_seconds)) / 2   # before and after: the host drifts
             rate = r["throughput"] if r else NAN
             # What the client (perf_analyzer) and Triton's frontend took of the cores: on a machine
             # whose client shares the cores, the model can at most have the rest.

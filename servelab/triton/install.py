@@ -82,10 +82,14 @@ def server_env(install: TritonInstall) -> dict[str, str]:
     if libdir and soname and (Path(libdir) / soname).exists():
         lib_path.insert(0, libdir)
     env = procs.child_env()
-    # No OMP_WAIT_POLICY: libgomp's default (spin a few ms, then sleep) is what
-    # a plain model.py gets. PASSIVE made a 2-thread forward pass 2x slower
-    # (13.5 vs 30 infer/s); ACTIVE spins idle stubs at 100 %. Instances never
-    # oversubscribe the cores (servelab/threads.py), where spinning would hurt.
+    # OpenMP threads (torch's) wait for the next layer by spinning, then sleep.
+    # PASSIVE (sleep at once) made a 2-thread forward pass 2x slower (13.5 vs
+    # 30 infer/s); ACTIVE spins idle stubs at 100 %. libgomp's default spin
+    # (300000 rounds, ~8 ms here) outlasts a pass: the copy that finished keeps
+    # a core busy while the next copy's pass starts (passes alternating between
+    # two processes took 1.2-1.3x as long). 10000 rounds cover the gap between
+    # layers, not between requests: alternating passes as fast as one process's.
+    env.setdefault("GOMP_SPINCOUNT", "10000")
     old = env.get("LD_LIBRARY_PATH")
     env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_path + ([old] if old else []))
     # model.py imports servelab (food11): make the package importable in the stub.

@@ -34,3 +34,15 @@ def test_idle_server_and_stubs_use_no_cpu(lab_triton, sample_bytes):
     used = procs.idle_cpu_percent(watched, IDLE_SECONDS)
     busy = {name: round(pct, 1) for name, pct in used.items() if pct > LIMIT_PERCENT}
     assert not busy, f"idle processes using CPU (% of a core): {busy}"
+
+
+def test_stubs_stop_spinning_soon_after_a_pass(lab_triton):
+    """Every stub inherits the short OpenMP spin (servelab/triton/install.py): with
+    libgomp's default, a copy that has just finished keeps spinning ~8 ms into the
+    next copy's pass, and passes alternating between two copies ran 1.2-1.3x slower."""
+    stubs = lab_triton.stub_processes()
+    assert stubs
+    for stub in stubs:
+        with open(f"/proc/{stub.pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        assert env.get(b"GOMP_SPINCOUNT") == b"10000", (stub.model, env.get(b"GOMP_SPINCOUNT"))
