@@ -85,7 +85,7 @@ def server_env(install: TritonInstall) -> dict[str, str]:
     # OpenMP threads (torch's) wait for the next layer by spinning, then sleep.
     # PASSIVE (sleep at once) made a 2-thread forward pass 2x slower (13.5 vs
     # 30 infer/s); ACTIVE spins idle stubs at 100 %. libgomp's default spin
-    # (300000 rounds, ~8 ms here) outlasts a pass: the copy that finished keeps
+    # (300000 rounds: milliseconds) outlasts a pass's end: the copy that finished keeps
     # a core busy while the next copy's pass starts (passes alternating between
     # two processes took 1.2-1.3x as long). 10000 rounds cover the gap between
     # layers, not between requests: alternating passes as fast as one process's.

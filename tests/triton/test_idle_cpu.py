@@ -38,8 +38,8 @@ def test_idle_server_and_stubs_use_no_cpu(lab_triton, sample_bytes):
 
 def test_stubs_stop_spinning_soon_after_a_pass(lab_triton):
     """Every stub inherits the short OpenMP spin (servelab/triton/install.py): with
-    libgomp's default, a copy that has just finished keeps spinning ~8 ms into the
-    next copy's pass, and passes alternating between two copies ran 1.2-1.3x slower."""
+    libgomp's default, a copy that has just finished keeps spinning for milliseconds
+    into the next copy's pass, and passes alternating between two copies ran 1.2-1.3x slower."""
     stubs = lab_triton.stub_processes()
     assert stubs
     for stub in stubs:
