@@ -21,6 +21,7 @@ EXIT_TIMEOUT_S = 3
 ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
 HTTP_ADMIN_HEADER = "admin-key"
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
+GOMP_SPINCOUNT = "10000"  # rounds an idle OpenMP thread spins before it sleeps (see server_env)
 
 
 class TritonError(RuntimeError):
@@ -89,7 +90,7 @@ def server_env(install: TritonInstall) -> dict[str, str]:
     # a core busy while the next copy's pass starts (passes alternating between
     # two processes took 1.2-1.3x as long). 10000 rounds cover the gap between
     # layers, not between requests: alternating passes as fast as one process's.
-    env.setdefault("GOMP_SPINCOUNT", "10000")
+    env.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
     old = env.get("LD_LIBRARY_PATH")
     env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_path + ([old] if old else []))
     # model.py imports servelab (food11): make the package importable in the stub.

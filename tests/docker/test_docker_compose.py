@@ -220,6 +220,9 @@ def test_cpu_override_forces_cpu_builds_and_device(rendered, rendered_onnx):
         assert svc["build"]["args"]["TORCH_INDEX_URL"].endswith("/whl/cpu")
     triton = services(rendered["triton+cpu"])["triton_server"]
     assert triton["build"]["args"]["TORCH_INDEX_URL"].endswith("/whl/cpu")
+    # torch's OpenMP threads stop spinning soon after a pass, as in the kit's local Triton
+    from servelab.triton.install import GOMP_SPINCOUNT
+    assert triton["environment"]["GOMP_SPINCOUNT"] == GOMP_SPINCOUNT
     # ... while the GPU stacks keep the Dockerfiles' cu126 default.
     for stack in GPU_STACKS:
         for svc in services(rendered[stack]).values():
