@@ -70,3 +70,12 @@ def test_instance_checks_allow_drift_but_not_a_gain_at_one_client():
     assert statuses(40.0 * 1.2, 40.0) == [evidence.PASS, evidence.PASS]
     assert statuses(20.0, 40.0) == [evidence.FAIL, evidence.PASS]
     assert statuses(40.0, 20.0) == [evidence.PASS, evidence.FAIL]
+
+
+def test_invalid_runs_get_two_repeats_until_the_repeat_budget_is_spent(tmp_path):
+    """An invalid run is repeated up to twice early in the tour (the host's bad spells
+    last seconds), and no more once the tour has used its repeat budget (tour <= 4 min)."""
+    t = tour.Tour(tour.TourConfig(), tmp_path)
+    assert t.attempts() == 3
+    t.t0 -= t.cfg.run_repeat_budget_s + 1
+    assert t.attempts() == 1
