@@ -24,12 +24,6 @@ LOG_DIR = Path(os.environ.get("SERVELAB_TEST_LOGS", "/tmp")) / f"servelab-reliab
 APP_DIRS = {"pt": REPO / "fastapi_pt", "onnx": REPO / "fastapi_onnx"}
 
 
-def environ(pid: int) -> dict[str, str]:
-    """The environment a process was started with (/proc/<pid>/environ)."""
-    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
-
-
 def sample_bytes() -> list[bytes]:
     return [p.read_bytes() for p in paths.sample_images()]
 

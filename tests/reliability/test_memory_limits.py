@@ -22,7 +22,7 @@ import pytest
 import requests
 from PIL import Image
 
-from .relsupport import environ, predict_body, start_fastapi, start_flask, tree_rss
+from .relsupport import predict_body, start_fastapi, start_flask, tree_rss
 
 PIXELS = 2_000_000
 SIDE = int(PIXELS ** 0.5)
@@ -131,11 +131,11 @@ def test_every_launcher_caps_malloc_arenas(triton, tmp_path, monkeypatch):
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     with stack.running(["fastapi_onnx"], free_ports=True, log_dir=tmp_path) as st:
         pids = [p.pid for p in tree(st.servers["fastapi_onnx"].pid)]
-        assert pids and all(environ(pid).get("MALLOC_ARENA_MAX") == "2" for pid in pids)
+        assert pids and all(psutil.Process(pid).environ().get("MALLOC_ARENA_MAX") == "2" for pid in pids)
     stubs = [s.pid for s in triton.stub_processes()]
     assert stubs
     for pid in [triton.pid, *stubs]:
-        assert environ(pid).get("MALLOC_ARENA_MAX") == "2", f"pid {pid} (Triton or a stub) has no arena cap"
+        assert psutil.Process(pid).environ().get("MALLOC_ARENA_MAX") == "2", f"pid {pid} (Triton or a stub) has no arena cap"
     for rel in ("fastapi_pt/Dockerfile", "fastapi_onnx/Dockerfile", "flask_app/Dockerfile",
                 "docker/Dockerfile.triton"):
         text = (paths.REPO_ROOT / rel).read_text()
