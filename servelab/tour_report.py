@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from servelab import evidence, paths, procs
-from servelab.bench import load, queueing, table
+from servelab.bench import batchcost, load, queueing, table
 
 if TYPE_CHECKING:
     from servelab.tour import Tour
@@ -140,10 +140,8 @@ def _batch_cost_text(t: Tour) -> list[str]:
                    "cannot add much capacity; it mostly makes each request wait for the others in its batch. "
                    if gain < 1.5 else
                    "Batches are markedly cheaper per image here, so batching adds capacity. ")
-                + "On a GPU a batch of 16 costs little more than one image (the earlier lab's P100: "
-                "656.6 inferences/s in client batches of 16 vs 51.5 unbatched, though that figure decoded only one "
-                "image per request; ONNX at 1 instance 138.4 infer/s): there S(b)/b falls steeply and dynamic "
-                "batching multiplies what one instance serves.", ""]
+                + "On a GPU a batch of 16 costs little more than one image: " + batchcost.GPU_REFERENCE
+                + " There S(b)/b falls steeply and dynamic batching multiplies what one instance serves.", ""]
     out += ["![batch cost](onnx_batch_cost.png)", ""]
     return out
 
