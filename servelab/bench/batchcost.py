@@ -34,7 +34,7 @@ SIZES = (1, 2, 4, 8, 16)
 # The same model on a GPU, for comparison (the tests never see one): measured
 # once for this kit, fastapi_pt/food11.pth in PyTorch 2.11 fp32 on an NVIDIA
 # H100 80GB, 2026-11-26, median of 100 runs after warm-up, inputs already on
-# the GPU (copying them there and back added 0.3 ms at b=1, 0.9 ms at b=16).
+# the GPU (copying them there and back added 0.0-0.3 ms at b=1, 0.9 ms at b=16).
 GPU_REFERENCE_MS = {1: 2.71, 2: 2.60, 4: 2.51, 8: 2.60, 16: 2.80}
 GPU_REFERENCE = (f"the kit's MobileNetV2 on an NVIDIA H100 (PyTorch fp32, measured once for this kit) takes "
                  f"{GPU_REFERENCE_MS[1]:.2f} ms for one image and {GPU_REFERENCE_MS[16]:.2f} ms for 16, i.e. "
