@@ -206,6 +206,14 @@ def wait_http_ok(url: str, timeout: float = 60.0, server: Server | None = None) 
     raise TimeoutError(f"{url} did not answer 200 within {timeout:.0f} s.\n{tail}")
 
 
+def cmdline(pid: int, proc: Path = Path("/proc")) -> list[str]:
+    """A process's argv ([] when it is gone or not readable)."""
+    try:
+        return (proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
 def pid_alive(pid: int) -> bool:
     """``pid`` exists and is not a zombie (an exited child nobody reaped)."""
     if pid <= 0:

@@ -26,6 +26,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from servelab.procs import cmdline
+
 STUB_NAME = "triton_python_backend_stub"
 
 
@@ -38,18 +40,12 @@ class Stub:
     rss_mb: float
 
 
-def cmdline(pid: int, proc: Path = Path("/proc")) -> list[str]:
-    """A process's argv ([] when it is gone or not readable)."""
-    try:
-        return (proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
-    except OSError:
-        return []
 
 
 def stub_argv(pid: int, proc: Path = Path("/proc")) -> list[str] | None:
     """The argv of a Triton Python-backend stub, None for any other process:
     stub model.py shm_region shm_size growth parent_pid lib_path ipc_handle instance_name ...
-    (``servelab.triton.process`` reads stubs through this too)."""
+    (``servelab.triton.process`` reads stubs through this too; this module never imports it)."""
     argv = cmdline(pid, proc)
     if not argv or not argv[0].endswith(STUB_NAME) or len(argv) < 9:
         return None
@@ -127,7 +123,7 @@ def _server_pid(grpc_url: str | None) -> int | None:
     if host not in ("127.0.0.1", "localhost") or not port.isdigit():
         return None
     try:
-        from servelab.triton.process import read_state
+        from servelab.triton.state import read_state
     except ImportError:  # pragma: no cover - the kit without its Triton helpers
         return None
     state = read_state(grpc_port=int(port))

@@ -1,5 +1,5 @@
 """The tour's report: ``results/<timestamp>/report.md``, its plots and data
-files, written from a finished :class:`servelab.tour.Tour` (split out of
+files, written from a finished :class:`servelab.tour_state.Tour` (split out of
 ``servelab.tour``; ``servelab.tour.write_report`` is this module's)."""
 
 from __future__ import annotations
@@ -9,14 +9,10 @@ import math
 import os
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from servelab import evidence, paths, procs
 from servelab.bench import batchcost, load, queueing, table
-
-if TYPE_CHECKING:
-    from servelab.tour import Tour
-
+from servelab.tour_state import Tour
 
 # --------------------------------------------------------------------------
 # Report

@@ -102,9 +102,10 @@ from servelab.triton.install import (
     find_install,
     gpu_count,
 )
-from servelab.triton.process import StubProcess, read_state, state_path, stub_processes
+from servelab.triton.process import StubProcess, stub_processes
 from servelab.triton.repository import build_repository, prepare_backends, sync_model
 from servelab.triton.server import TritonServer, running, start, stop_running
+from servelab.triton.state import read_state, state_path
 from servelab.triton.stats import snapshot, stats_delta
 
 __all__ = [

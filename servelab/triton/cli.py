@@ -20,8 +20,9 @@ from servelab import paths, procs
 from servelab.triton import install, stats
 from servelab.triton.config import describe_config, fragment_to_edit
 from servelab.triton.control import model_config, reload_model
-from servelab.triton.process import read_state, stub_processes
+from servelab.triton.process import stub_processes
 from servelab.triton.server import start, stop_running
+from servelab.triton.state import read_state
 
 
 def add_parser(sub) -> None:

@@ -23,16 +23,27 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from servelab import paths
 from servelab.triton.config import Edit, apply_edit, config_to_dict, describe_config, dict_to_config, load_config
 from servelab.triton.install import ADMIN_KEY_ENV, DEFAULT_GRPC_PORT, DEFAULT_HOST, GRPC_ADMIN_HEADER
-from servelab.triton.process import read_state, stub_processes, wait_for_stubs
+from servelab.triton.process import stub_processes, wait_for_stubs
 from servelab.triton.repository import sync_model
+from servelab.triton.state import read_state
 
-if TYPE_CHECKING:
-    from servelab.triton.server import TritonServer
+
+class LocalServer(Protocol):
+    """What a reload needs of a local server (``servelab.triton.server.TritonServer`` has it;
+    a protocol, so this module never imports the server that calls it)."""
+
+    grpc_url: str
+    admin_key: str
+    repo: Path
+    source: Path
+    gpus: int
+    log_path: Path
+    pid: int | None
 
 
 def _grpc(grpc_url: str):
@@ -75,7 +86,7 @@ def _local_state(grpc_url: str) -> dict | None:
     return read_state(grpc_port=port)
 
 
-def _target(server: TritonServer | None, grpc_url, admin_key, repo, source, gpus) -> _Target:
+def _target(server: LocalServer | None, grpc_url, admin_key, repo, source, gpus) -> _Target:
     if server is not None:
         return _Target(server.grpc_url, admin_key or server.admin_key, server.repo, server.source,
                        server.gpus, server.log_path, server.pid)
@@ -134,7 +145,7 @@ def _reload_with_override(client, name: str, edit: Edit, headers, timeout: float
     client.load_model(name, headers=headers, config=json.dumps(new), client_timeout=timeout)
 
 
-def reload_model(name: str, edit: Edit = None, *, server: TritonServer | None = None,
+def reload_model(name: str, edit: Edit = None, *, server: LocalServer | None = None,
                  grpc_url: str | None = None, admin_key: str | None = None, repo: str | os.PathLike | None = None,
                  source: str | os.PathLike | None = None, gpus: int | None = None, via: str = "auto",
                  timeout: float = 180.0, verbose: bool = True) -> dict:

@@ -4,7 +4,6 @@ memory, a clean shutdown, and the state file that lets
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,8 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab import paths, procs
-from servelab.stubs import cmdline, stub_argv, stub_model
+from servelab import procs
+from servelab.stubs import stub_argv, stub_model
 from servelab.triton.install import GRPC_ADMIN_HEADER
 
 
@@ -165,9 +164,6 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child
 # State file: lets `servelab triton reload/stop` find a server started elsewhere
 # --------------------------------------------------------------------------
 
-def state_path(http_port: int) -> Path:
-    return paths.BUILD_DIR / "triton" / f"run-{http_port}.json"
-
 
 def wait_for_stubs(server_pid: int, model: str, count: int, shm_prefix: str | None = None,
                    timeout: float = 90.0) -> list[StubProcess]:
@@ -184,29 +180,3 @@ def wait_for_stubs(server_pid: int, model: str, count: int, shm_prefix: str | No
         time.sleep(0.1)
 
 
-def read_state(http_port: int | None = None, grpc_port: int | None = None) -> dict | None:
-    """The state of a running local Triton, by HTTP or gRPC port."""
-    folder = paths.BUILD_DIR / "triton"
-    candidates = [state_path(http_port)] if http_port else sorted(folder.glob("run-*.json"))
-    for path in candidates:
-        try:
-            state = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if grpc_port and state.get("grpc_port") != grpc_port:
-            continue
-        if procs.pid_alive(state.get("pid", -1)) and "tritonserver" in " ".join(cmdline(state["pid"])):
-            return state
-    return None
-
-
-def write_state(path: Path, state: dict) -> bool:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(f"{path}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds the admin key
-        with os.fdopen(fd, "w") as f:
-            json.dump(state, f, indent=2)
-        os.replace(f"{path}.tmp", path)
-        return True
-    except OSError:
-        return False

@@ -38,15 +38,14 @@ from servelab.triton.install import (
 from servelab.triton.process import (
     StubProcess,
     die_with_parent,
-    read_state,
-    state_path,
     stub_processes,
     terminate,
     unload_all,
     wait_for_stubs,
 )
-from servelab.triton.process import write_state as write_state_file
 from servelab.triton.repository import build_repository, prepare_backends
+from servelab.triton.state import read_state, state_path
+from servelab.triton.state import write_state as write_state_file
 
 
 @dataclass(eq=False)
