@@ -504,3 +504,25 @@ def sdk_tools() -> Path:
         tmp.symlink_to(target)
         os.replace(tmp, link)
     return tools
+
+
+def cpu_stand_in(reqs: list[str]) -> list[str]:
+    """An image's requirements as they can install and run on this CPU-only machine:
+    onnxruntime-gpu==V becomes onnxruntime==V (the same release, CPU build: the GPU
+    wheel and its CUDA libraries are about 3 GB, and the CPU override never uses CUDA),
+    the nvidia-* CUDA runtime wheels are left out. Everything else as pinned."""
+    out = []
+    for r in reqs:
+        name = Requirement(r).name.lower()
+        if name.startswith("nvidia-"):
+            continue
+        out.append(re.sub(r"^onnxruntime-gpu==", "onnxruntime==", r))
+    return out
+
+
+def service_env(name: str) -> Path:
+    """The virtualenv standing in for service image ``name`` (see :func:`cpu_stand_in`)."""
+    image = images()[name]
+    reqs = env_requirements(image)
+    cpu = cpu_stand_in(reqs)
+    return build_env(name if cpu == reqs else name + "-cpu", image.python, cpu)
