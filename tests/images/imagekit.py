@@ -526,3 +526,8 @@ def service_env(name: str) -> Path:
     reqs = env_requirements(image)
     cpu = cpu_stand_in(reqs)
     return build_env(name if cpu == reqs else name + "-cpu", image.python, cpu)
+
+
+def import_names(dists: set[str]) -> set[str]:
+    """The top-level import names ``dists`` provide (as this venv's metadata says)."""
+    return {mod for mod, owners in _dists_of_module().items() if any(_norm(d) in dists for d in owners)}
