@@ -7,7 +7,8 @@ release whose API differs, or a package the image lacks.
 The torch images (fastapi_pt, models, Triton's Python backend) pin torch 2.7.1 from
 PyTorch's cu126 or CPU index. This machine reaches PyPI only, where torch 2.7.1 is the
 CUDA build with its nvidia-* wheels (several GB); they are skipped with that reason, and
-their imports are still checked by test_image_imports.py."""
+their imports are still checked by test_image_imports.py (and the kit's venv, torch 2.14,
+runs the same files in tests/services and tests/triton)."""
 
 from __future__ import annotations
 
@@ -110,6 +111,7 @@ def test_flask_page_with_the_images_pins_calls_fastapi(onnx_service, tmp_path):
 def test_torch_images(image):
     reqs = k.images()[image].requirements()
     assert "torch==2.7.1" in reqs
-    pytest.skip(f"{image} pins torch==2.7.1 (cu126 / CPU builds come from download.pytorch.org, which this "
-                "machine cannot reach; PyPI's 2.7.1 is the CUDA build with several GB of nvidia-* wheels): "
+    pytest.skip(f"{image} pins torch==2.7.1: its cu126 and CPU builds come from download.pytorch.org, which "
+                "this machine cannot reach, and pip resolves PyPI's 2.7.1 to the CUDA 12.6 build with 15 "
+                "nvidia-*-cu12 wheels (cuDNN, cuBLAS, NCCL, ...; `pip install --dry-run`, 2026-11-26), several GB: "
                 "not installed here; its imports are checked by test_image_imports.py")
