@@ -49,6 +49,13 @@ def _images(b: int) -> np.ndarray:
     return np.stack([imgs[i % len(imgs)] for i in range(b)]).astype(np.float32)
 
 
+def onnxruntime_available() -> bool:
+    """Whether :func:`raw_onnx` can run here: the local venv has ONNX Runtime,
+    the Compose stack's Jupyter images do not (docker/requirements-jupyter.txt)."""
+    import importlib.util
+    return importlib.util.find_spec("onnxruntime") is not None
+
+
 def raw_onnx(model_path: str | Path | None = None, sizes: Sequence[int] = SIZES, repeats: int = 5,
              threads: int | None = None, budget_s: float = 20.0) -> dict:
     """Median seconds per batch for each size, ONNX Runtime in this process.

@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 from servelab import compose, paths
+from tests.images import imagekit
 
 from .dockerkit import (
     DOCKER,
@@ -72,12 +73,10 @@ def test_models_image_pins_what_the_build_imports():
     assert served["torch"] == requirement_pins(DOCKER / "requirements-triton.txt")["torch"] == ["2.7.1"]
 
 
-# The packages the models image has (fastapi_pt/requirements.txt + requirements-models.txt), by import name.
-IMAGE_PACKAGES = {"torch", "torchvision", "numpy", "PIL", "fastapi", "pydantic", "uvicorn", "multipart",
-                  "python_multipart", "onnxruntime", "starlette", "anyio", "typing_extensions", "annotated_types",
-                  "pydantic_core", "sympy", "mpmath", "filelock", "jinja2", "networkx", "fsspec", "markupsafe",
-                  "click", "h11", "idna", "sniffio", "coloredlogs", "flatbuffers", "packaging", "protobuf",
-                  "google", "humanfriendly", "triton", "setuptools", "pkg_resources", "nvidia", "typing_inspection"}
+# The packages the models image has, by import name: read from Dockerfile.models and the
+# requirements files it copies, with their dependencies (tests/images/imagekit.py).
+_MODELS = imagekit.images()["models"]
+IMAGE_PACKAGES = imagekit.import_names(imagekit.closure(_MODELS.requirements(), _MODELS.python))
 
 BLOCKER = textwrap.dedent("""
     import importlib.abc, runpy, sys

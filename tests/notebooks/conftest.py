@@ -10,3 +10,23 @@ from .nbkit import ensure_kernelspec
 @pytest.fixture(scope="session")
 def kernel_name() -> str:
     return ensure_kernelspec()
+
+
+@pytest.fixture(scope="session")
+def jupyter_image_env():
+    """The FastAPI stack's Jupyter image as a virtualenv (Python 3.11, exactly what
+    docker/Dockerfile.jupyter installs); built once per requirements hash under build/."""
+    from tests.images import imagekit
+
+    return imagekit.image_env("jupyter")
+
+
+@pytest.fixture(scope="session")
+def jupyter_sdk_image_env():
+    """The Triton stack's Jupyter image (24.10 SDK base, Python 3.10) as a virtualenv, or
+    None where this machine has no Python 3.10 (see test_sdk_image_python_is_here)."""
+    from tests.images import imagekit
+
+    if imagekit.find_python("3.10") is None:
+        return None
+    return imagekit.image_env("jupyter-sdk")

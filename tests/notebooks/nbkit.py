@@ -32,10 +32,44 @@ def ensure_kernelspec() -> str:
     return "python3"
 
 
-def run_notebook(name: str, env: dict[str, str], timeout: int = 300, hooks: dict | None = None):
+def image_kernel(python_env: Path):
+    """A kernel manager whose kernel is ``python_env``'s interpreter (a virtualenv
+    with ipykernel, e.g. a Jupyter image's package set from tests/images/imagekit.py).
+    Its kernelspec is written into the environment once, naming that interpreter."""
+    import subprocess
+
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    prefix = python_env / "kernelspec"
+    kernels = prefix / "share" / "jupyter" / "kernels"
+    if not (kernels / "servelab-image" / "kernel.json").exists():
+        subprocess.run([str(python_env / "bin" / "python"), "-m", "ipykernel", "install", "--prefix", str(prefix),
+                        "--name", "servelab-image"], check=True, capture_output=True, timeout=120)
+    return KernelManager(kernel_name="servelab-image", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels)]))
+
+
+def image_kernel_env(python_env: Path, tools: Path | None = None, **extra: str) -> dict[str, str]:
+    """The kernel's environment as the Jupyter container has it: Compose's PYTHONPATH and
+    SERVELAB_ROOT (the clone), the image's Python first on PATH (``tools`` before it: what
+    the base image adds), the kit's venv off PATH; plus ``extra``."""
+    env = base_kernel_env(**extra)
+    env.pop("VIRTUAL_ENV", None)
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    env["SERVELAB_ROOT"] = str(REPO_ROOT)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # Dockerfile.jupyter's ENV
+    kit_bin = str(Path(sys.executable).parent)
+    path = [p for p in env["PATH"].split(os.pathsep) if p and p != kit_bin]
+    env["PATH"] = os.pathsep.join([*([str(tools)] if tools else []), str(python_env / "bin"), *path])
+    return env
+
+
+def run_notebook(name: str, env: dict[str, str], timeout: int = 300, hooks: dict | None = None,
+                 python_env: Path | None = None):
     """Execute notebooks/<name>.ipynb as committed; return the executed notebook.
 
-    The kernel starts in notebooks/ (as Jupyter does) with exactly ``env``.
+    The kernel starts in notebooks/ (as Jupyter does) with exactly ``env``, served by
+    this interpreter, or by ``python_env``'s (see :func:`image_kernel`).
     A failing cell raises nbclient's CellExecutionError with the traceback.
     ``hooks`` are nbclient's (e.g. ``on_cell_execute=fn(cell, cell_index)``, called
     just before a cell runs): how a test does what the student does between cells.
@@ -44,12 +78,17 @@ def run_notebook(name: str, env: dict[str, str], timeout: int = 300, hooks: dict
     import nbformat
 
     nb = nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
+    kw = {"km": image_kernel(python_env)} if python_env else {"kernel_name": ensure_kernelspec()}
     client = nbclient.NotebookClient(
-        nb, kernel_name=ensure_kernelspec(), timeout=timeout, allow_errors=False,
+        nb, timeout=timeout, allow_errors=False, **kw,
         resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}, **(hooks or {}),
     )
     client.execute(env=env)
+    LAST_KERNEL_ARGV[:] = client.km.kernel_spec.argv
     return nb
+
+
+LAST_KERNEL_ARGV: list[str] = []  # the command of the last kernel run_notebook started
 
 
 def cell_text(cell) -> str:

@@ -1,7 +1,13 @@
 """4_fastapi and 6_triton executed end to end in a real kernel against real local
 servers (the kit's local stack), at reduced request counts set through the
 notebooks' environment variables; every cell succeeds and every check the
-notebook prints for the learner passes."""
+notebook prints for the learner passes.
+
+The kernel is the Jupyter container's, not the kit's venv: a virtualenv with exactly
+what docker/Dockerfile.jupyter installs (tests/images/imagekit.py), Python 3.11 for
+notebook 4 (FastAPI stack) and 3.10 for notebook 6 (the 24.10 SDK image), with the
+variables Compose sets. The kit's venv has every package those images have (and
+more), so a notebook that passes here also runs in the local Jupyter."""
 
 from __future__ import annotations
 
@@ -9,9 +15,12 @@ import re
 import shutil
 import warnings
 
-from servelab import lab
+import pytest
 
-from .nbkit import REPO_ROOT, base_kernel_env, notebook_text, run_notebook
+from servelab import lab
+from tests.images import imagekit
+
+from .nbkit import LAST_KERNEL_ARGV, REPO_ROOT, base_kernel_env, image_kernel_env, notebook_text, run_notebook
 
 
 def _checks(text: str) -> tuple[list[str], list[str]]:
@@ -69,15 +78,18 @@ def _handed_in(results, name: str) -> None:
         assert any(n.endswith("/figures.json") for n in z.namelist())
 
 
-def test_4_fastapi_runs_against_the_local_stack(tmp_path):
+def test_4_fastapi_runs_against_the_local_stack(tmp_path, jupyter_image_env):
     from servelab import stack
 
     with stack.running(["fastapi_pt", "fastapi_onnx"], free_ports=True) as st:
-        env = base_kernel_env(**st.env, SERVELAB_NB_SEQUENTIAL="20", SERVELAB_NB_CONCURRENT="48",
-                              SERVELAB_NB_SWEEP="32", SERVELAB_RESULTS_DIR=str(tmp_path / "results"))
+        env = image_kernel_env(jupyter_image_env, **st.env, SERVELAB_NB_SEQUENTIAL="20",
+                               SERVELAB_NB_CONCURRENT="48", SERVELAB_NB_SWEEP="32",
+                               SERVELAB_RESULTS_DIR=str(tmp_path / "results"))
         assert env["FASTAPI_ONNX_URL"] != env["FASTAPI_SERVER_URL"]
-        nb = _run_with_one_retry("4_fastapi", env)
+        nb = _run_with_one_retry("4_fastapi", env, python_env=jupyter_image_env)
+        assert LAST_KERNEL_ARGV[0] == str(jupyter_image_env / "bin" / "python")  # the image's Python, not the venv's
     text = notebook_text(nb)
+    assert f"Python {imagekit.images()['jupyter'].python}" in _kernel_banner(nb)
     passed = _no_failed_check(text)
     assert len(passed) == 6, passed
     # The loops report what the lab asks for, with units, and count failures separately.
@@ -94,7 +106,21 @@ def test_4_fastapi_runs_against_the_local_stack(tmp_path):
     assert '<img src="img/4_fastapi-' in page and "requests/s" in page
 
 
-def test_6_triton_runs_against_a_local_triton(tmp_path):
+def _kernel_banner(nb) -> str:
+    """What the kernel said it was (nbclient records the kernel's language_info)."""
+    info = nb.metadata.get("language_info", {})
+    return f"Python {'.'.join(info.get('version', '').split('.')[:2])}"
+
+
+def test_sdk_image_python_is_here():
+    """Notebook 6 runs in the 24.10 SDK image's Python 3.10; without one here its test
+    falls back to the kit's venv kernel (Python 3.11), and this says so."""
+    if imagekit.find_python("3.10") is None:
+        pytest.skip("no Python 3.10 on this machine (the Triton 24.10 SDK image's): notebook 6 ran in "
+                    "the kit's venv kernel, not the SDK image's package set")
+
+
+def test_6_triton_runs_against_a_local_triton(tmp_path, jupyter_sdk_image_env):
     """The real Triton 2.51 (servelab.triton, as `servelab up` runs it) and the real
     perf_analyzer. The notebook edits config.pbtxt files, so Triton serves a private copy
     of models_staging/ here: the repository's own files are never touched by the test."""
@@ -120,8 +146,10 @@ def test_6_triton_runs_against_a_local_triton(tmp_path):
         hand_edits.append(cell_index)
 
     ports = [procs.free_port() for _ in range(3)]
+    sdk = jupyter_sdk_image_env
     with triton.running(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
-        env = base_kernel_env(
+        kernel_env = (lambda **kw: image_kernel_env(sdk, imagekit.sdk_tools(), **kw)) if sdk else base_kernel_env
+        env = kernel_env(
             TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_METRICS_URL=t.metrics_url,
             TRITON_MODEL_REPOSITORY=str(repo),
             SERVELAB_RESULTS_DIR=str(tmp_path / "results"),
@@ -136,9 +164,13 @@ def test_6_triton_runs_against_a_local_triton(tmp_path):
             SERVELAB_NB_SWEEP_SECONDS="2", SERVELAB_NB_SWEEP_FACTORS="0.5,1.0,2.0",
             SERVELAB_NB_BATCH_REQUESTS="4",
         )
-        nb = _run_with_one_retry("6_triton", env, hooks={"on_cell_execute": hand_edit})
+        nb = _run_with_one_retry("6_triton", env, hooks={"on_cell_execute": hand_edit}, python_env=sdk)
+        assert not sdk or LAST_KERNEL_ARGV[0] == str(sdk / "bin" / "python")
         final = {m: t.model_config(m) for m in ("food_classifier", "food_classifier_onnx")}
     text = notebook_text(nb)
+    if sdk:
+        assert _kernel_banner(nb) == "Python 3.10"
+        assert "raw ONNX Runtime:" not in text  # the image has no onnxruntime: only the curve through Triton
     passed = _no_failed_check(text)
     assert len(passed) == 17, passed
     # The notebook reconfigured Triton through its files and put them back.
