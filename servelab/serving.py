@@ -133,6 +133,24 @@ def onnx_device(session) -> str:
     return "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
 
 
+def onnx_sessions(session_with, providers: list) -> tuple[CoreShare, dict]:
+    """The ONNX service's sessions, one per thread count the thread rule can
+    hand out: ``session_with(threads, providers)`` makes one. The rule is sized
+    for the device the first session actually got (``get_providers()``), not
+    the one requested: when the CUDA provider fails to load, ONNX Runtime runs
+    on the CPU, and one inference at a time would then idle every other core.
+    Returns ``(core_share, {threads: session})``."""
+    first = session_with(cpu_threads(), providers)
+    got = list(first.get_providers())
+    device = onnx_device(first)
+    if device == "cpu" and "CUDAExecutionProvider" in providers:
+        log.warning("ONNX Runtime did not load the CUDA provider (session providers %s): running on the CPU, "
+                    "threads sized for the CPU", got)
+    cores = core_share(device)
+    sessions = {n: first if n == cores.cores else session_with(n, got) for n in cores.shares}
+    return cores, sessions
+
+
 # --------------------------------------------------------------------------
 # What is loaded
 # --------------------------------------------------------------------------

@@ -191,9 +191,9 @@ def triton_python_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_ur
         t.log(f"  2. Triton {PY_MODEL}, {instances} instance(s): concurrency {', '.join(map(str, cfg.concurrency))}")
         reported = triton.model_config(PY_MODEL, grpc_url)
         if triton.instance_count(reported) != instances:   # the stack starts it with one: no reload then
-            reported = triton.reload_model(
-                PY_MODEL, {"instance_group": [{"count": instances, "kind": "KIND_CPU"}]},
-                grpc_url=grpc_url, verbose=False)
+            # the kind stays as configured: GPU copies on a GPU host, CPU ones here
+            reported = triton.reload_model(PY_MODEL, triton.set_instances(instances),
+                                           grpc_url=grpc_url, verbose=False)
         got = triton.instance_count(reported)
         t.log(f"    Triton reports {got} instance(s)")
         load.warm(target, requests=4 * instances, concurrency=2 * instances)  # every new instance runs once

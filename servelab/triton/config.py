@@ -160,6 +160,45 @@ def localize_config(cfg, gpus: int | None = None, name: str | None = None):
     return new, notes
 
 
+def set_instances(count: int | None = None, kind: str | None = None, gpus: list | None = None):
+    """An edit (for :func:`apply_edit`) that sets the model's one instance
+    group: ``count`` copies (default: the config's), of ``kind`` (default: the
+    config's, so a GPU model stays on the GPU), on ``gpus`` (default: the
+    config's, dropped when the kind becomes something other than KIND_GPU)."""
+    def edit(cfg: dict) -> dict:
+        old = (cfg.get("instance_group") or [{}])[0]
+        group = {"count": int(count if count is not None else old.get("count", 1)),
+                 "kind": kind or old.get("kind", "KIND_AUTO")}
+        listed = gpus if gpus is not None else old.get("gpus")
+        if listed and group["kind"] in ("KIND_GPU", "KIND_AUTO"):
+            group["gpus"] = [int(g) for g in listed]
+        cfg["instance_group"] = [group]
+        dict_to_config(cfg, "edited config")  # validate now, with a clear message
+        return cfg
+
+    return edit
+
+
+def instance_count(config: Mapping, gpus: int | None = None) -> int:
+    """Model copies a config asks for: ``count`` per group, times the GPUs a
+    GPU group runs on: those it lists, or, listing none, every GPU here
+    (``gpus``: how many; default :func:`gpu_count`). KIND_AUTO is a GPU
+    group where there is a GPU."""
+    groups = config.get("instance_group") or [{"count": 1}]
+    total = 0
+    for g in groups:
+        count = int(g.get("count", 1) or 1)
+        listed = len(g.get("gpus") or [])
+        kind = g.get("kind", "KIND_AUTO")
+        if kind == "KIND_GPU" or (kind == "KIND_AUTO" and listed):
+            total += count * (listed or max(1, gpu_count() if gpus is None else gpus))
+        elif kind == "KIND_AUTO" and (gpu_count() if gpus is None else gpus):
+            total += count * (gpu_count() if gpus is None else gpus)
+        else:
+            total += count
+    return max(1, total)
+
+
 def describe_config(config) -> str:
     """One line a student can read: batching, instances, backend."""
     data = config if isinstance(config, Mapping) else config_to_dict(config)
