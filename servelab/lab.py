@@ -63,10 +63,25 @@ def warm_copies(triton_url: str, model: str, config: dict) -> None:
     first requests (it allocates, initializes its device, pages its weights in),
     and that is not what a measurement is meant to show."""
     from servelab import bench
-    from servelab.triton.control import instance_count
+    from servelab.triton.config import instance_count
 
     copies = instance_count(config)
     bench.warm(bench.triton_target(triton_url, model), requests=2 * copies, concurrency=copies)
+    warm_batches(triton_url, model, config)
+
+
+def warm_batches(triton_url: str, model: str, config: dict) -> None:
+    """Run, on every copy, each batch size larger than 1 that the dynamic
+    batcher can form (``triton.config.batch_sizes_to_warm``: every size on a
+    GPU, where the first batch of a new size pays for kernel selection; only
+    the preferred sizes on the CPU). Each request carries a whole batch."""
+    from servelab import bench
+    from servelab.triton.config import batch_sizes_to_warm, instance_count
+
+    copies = instance_count(config)
+    for size in batch_sizes_to_warm(config):
+        if size > 1:
+            bench.warm(bench.triton_target(triton_url, model, batch=size), requests=2 * copies, concurrency=copies)
 
 
 def wait_for_backend(url: str, backend: str, timeout_s: float = 900.0, poll_s: float = 5.0,

@@ -42,7 +42,7 @@ from servelab import evidence, paths
 from servelab.bench import load, queueing, table, targets
 from servelab.bench.load import Result
 from servelab.bench.triton import HostCPUObserver, TritonObserver
-from servelab.lab import LONE_REQUEST_SPREAD
+from servelab.lab import LONE_REQUEST_SPREAD, warm_batches
 from servelab.tour_report import _machine, _weights_kind, write_report  # the report lives in tour_report
 
 PY_MODEL = "food_classifier"
@@ -197,6 +197,7 @@ def triton_python_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_ur
         got = triton.instance_count(reported)
         t.log(f"    Triton reports {got} instance(s)")
         load.warm(target, requests=4 * instances, concurrency=2 * instances)  # every new instance runs once
+        warm_batches(triton_url, PY_MODEL, reported)  # and every batch size it can be handed (on a GPU)
         for c in cfg.concurrency:
             t.add(group, load.run_checked(
                 target, load.closed(c, duration=cfg.s(cfg.triton_seconds), warmup=max(2, c)),

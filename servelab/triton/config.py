@@ -179,6 +179,14 @@ def set_instances(count: int | None = None, kind: str | None = None, gpus: list 
     return edit
 
 
+def _on_gpu(group: Mapping, gpus: int | None = None) -> bool:
+    """Whether an instance group's copies run on GPUs (KIND_AUTO: where there is one)."""
+    kind = group.get("kind", "KIND_AUTO")
+    if kind == "KIND_GPU":
+        return True
+    return kind == "KIND_AUTO" and bool(group.get("gpus") or (gpu_count() if gpus is None else gpus))
+
+
 def instance_count(config: Mapping, gpus: int | None = None) -> int:
     """Model copies a config asks for: ``count`` per group, times the GPUs a
     GPU group runs on: those it lists, or, listing none, every GPU here
@@ -188,15 +196,29 @@ def instance_count(config: Mapping, gpus: int | None = None) -> int:
     total = 0
     for g in groups:
         count = int(g.get("count", 1) or 1)
-        listed = len(g.get("gpus") or [])
-        kind = g.get("kind", "KIND_AUTO")
-        if kind == "KIND_GPU" or (kind == "KIND_AUTO" and listed):
-            total += count * (listed or max(1, gpu_count() if gpus is None else gpus))
-        elif kind == "KIND_AUTO" and (gpu_count() if gpus is None else gpus):
-            total += count * (gpu_count() if gpus is None else gpus)
+        if _on_gpu(g, gpus):
+            total += count * (len(g.get("gpus") or []) or max(1, gpu_count() if gpus is None else gpus))
         else:
             total += count
     return max(1, total)
+
+
+def batch_sizes_to_warm(config: Mapping, gpus: int | None = None) -> list[int]:
+    """Batch sizes a warm-up should run before anything is timed.
+
+    On a GPU the first batch of each new size pays for kernel selection (and
+    memory), and the dynamic batcher can form any size up to
+    ``max_batch_size`` (a preferred size, or whatever has gathered when the
+    delay runs out): every size. On the CPU a new size costs little more than
+    any run: batch 1 and the preferred sizes, so the warm-up stays cheap."""
+    max_batch = int(config.get("max_batch_size", 0) or 0)
+    batching = config.get("dynamic_batching")
+    if max_batch <= 1 or batching is None:
+        return [1]
+    if any(_on_gpu(g, gpus) for g in config.get("instance_group") or [{}]):
+        return list(range(1, max_batch + 1))
+    preferred = [int(b) for b in (batching or {}).get("preferred_batch_size") or [] if 1 < int(b) <= max_batch]
+    return sorted({1, *preferred})
 
 
 def describe_config(config) -> str:

@@ -23,7 +23,16 @@ import triton_python_backend_utils as pb_utils
 from servelab import (
     threads,  # the kit's thread rule (servelab/ is on the stub's PYTHONPATH)
 )
-from servelab.triton.config import instance_count  # copies: count per GPU (all GPUs when none listed)
+
+
+def _instances(config):
+    """Total model instances in the config (count per listed GPU, if any).
+    Triton hands the backend its normalized config, where a KIND_GPU group
+    lists every GPU it runs on (triton.instance_count counts any config)."""
+    total = 0
+    for group in config.get("instance_group", []) or [{"count": 1}]:
+        total += int(group.get("count", 1)) * max(1, len(group.get("gpus", []) or []))
+    return max(1, total)
 
 
 def _onnx_file(config):
@@ -56,7 +65,7 @@ class TritonPythonModel:
         # (2 on a 2-core machine). ONNX Runtime keeps its default wait (spin
         # briefly, then sleep): without spinning a lone batch-1 run was slower.
         self.cores = threads.CoreShare(group=self.name)
-        shares = sorted({threads.share_of(self.cores.cores, busy) for busy in range(1, instance_count(config) + 1)})
+        shares = sorted({threads.share_of(self.cores.cores, busy) for busy in range(1, _instances(config) + 1)})
         providers = ["CPUExecutionProvider"]
         if args["model_instance_kind"] == "GPU" and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"])}))

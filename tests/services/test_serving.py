@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servelab import food11, procs, serving, threads
+from servelab import food11, paths, procs, serving, threads
 
 
 @pytest.mark.parametrize("value,expected", [("", "auto"), ("cpu", "cpu"), ("CUDA", "cuda"), (" auto ", "auto")])
@@ -128,3 +128,29 @@ def test_core_share_rejects_nonsense(monkeypatch):
     monkeypatch.setenv("SERVELAB_INFERENCE_WORKERS", "0")
     with pytest.raises(ValueError):
         serving.core_share()
+
+
+def test_onnx_service_sizes_threads_for_the_device_its_session_got(built_models, monkeypatch):
+    """CUDA requested, the CUDA provider failed to load (ONNX Runtime then runs on
+    the CPU): the service must size its threads for the CPU, one inference per
+    core, not one at a time as on a GPU. The failure is the seam set here."""
+    import importlib.util
+
+    import onnxruntime as ort
+
+    real = ort.InferenceSession
+
+    def cuda_fails_to_load(path, options=None, providers=None, **kw):
+        return real(path, options, providers=[p for p in providers or [] if p != "CUDAExecutionProvider"], **kw)
+
+    monkeypatch.setenv("SERVELAB_THREADS", "2")
+    monkeypatch.delenv("SERVELAB_INFERENCE_WORKERS", raising=False)
+    monkeypatch.setattr(serving, "onnx_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "InferenceSession", cuda_fails_to_load)
+    spec = importlib.util.spec_from_file_location("fastapi_onnx_fallback", paths.REPO_ROOT / "fastapi_onnx" / "app.py")
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    assert app.device == "cpu"
+    assert (app.cores.workers, app.cores.cores) == (2, 2)
+    assert sorted(app.sessions) == [1, 2]
+    assert all(s.get_providers() == ["CPUExecutionProvider"] for s in app.sessions.values())

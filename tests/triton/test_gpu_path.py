@@ -111,3 +111,45 @@ def test_reload_count_alone_keeps_the_configs_kind_and_gpus():
     new = triton.apply_edit(GPU_CONFIG, triton_cli._edit_from_args(
         _reload_args("--count", "2", "--set", "instance_group [ { count: 3 kind: KIND_CPU } ]")))
     assert new["instance_group"] == [{"count": 3, "kind": "KIND_CPU"}]
+
+
+def test_batch_sizes_to_warm_every_size_on_a_gpu_few_on_the_cpu():
+    gpu = {**GPU_CONFIG, "dynamic_batching": {}}
+    assert triton.batch_sizes_to_warm(gpu, gpus=1) == list(range(1, 17))
+    cpu = {**gpu, "instance_group": [{"count": 2, "kind": "KIND_CPU"}]}
+    assert triton.batch_sizes_to_warm(cpu, gpus=0) == [1]
+    assert triton.batch_sizes_to_warm({**cpu, "dynamic_batching": {"preferred_batch_size": [4, 8]}}, gpus=0) == [1, 4, 8]
+    assert triton.batch_sizes_to_warm(GPU_CONFIG, gpus=1) == [1]          # no batcher: clients send batch 1
+    assert triton.batch_sizes_to_warm({**gpu, "max_batch_size": 0}, gpus=1) == [1]
+
+
+def test_warm_copies_runs_every_batch_size_the_batcher_can_form(two_gpus, monkeypatch):
+    """lab.warm_copies (notebook 6, after each reload) on a GPU model with dynamic batching:
+    each size 1..max_batch_size runs on every copy before anything is timed."""
+    from servelab import bench, lab
+
+    sent = []
+    monkeypatch.setattr(bench, "triton_target", lambda url, model, batch=1, **kw: batch)
+    monkeypatch.setattr(bench, "warm", lambda target, requests=8, concurrency=1, **kw: sent.append(
+        (target, requests, concurrency)))
+    config = {**GPU_CONFIG, "instance_group": [{"count": 1, "kind": "KIND_GPU"}], "dynamic_batching": {}}
+    lab.warm_copies("http://127.0.0.1:1", "food_classifier", config)
+    assert sorted({size for size, _, _ in sent}) == list(range(1, 17))
+    assert all(concurrency == 2 and requests >= 2 for _, requests, concurrency in sent)  # 2 GPUs: 2 copies
+
+
+def test_a_batch_target_sends_whole_batches():
+    import json
+
+    import numpy as np
+
+    from servelab.bench import targets
+
+    image = targets.triton_image_target("http://127.0.0.1:1", images=[b"\xff\xd8jpeg"], batch=3)
+    tensor = targets.triton_tensor_target("http://127.0.0.1:1", tensors=[np.zeros((3, 4, 4))],
+                                          batch=5)
+    for target, shape in ((image, [3, 1]), (tensor, [5, 3, 4, 4])):
+        raw = target.requests[0]
+        head = raw.split(b"\r\n\r\n", 1)[1]
+        length = int(raw.split(b"Inference-Header-Content-Length: ", 1)[1].split(b"\r\n", 1)[0])
+        assert json.loads(head[:length])["inputs"][0]["shape"] == shape
