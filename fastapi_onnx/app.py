@@ -86,7 +86,8 @@ class PredictResponse(BaseModel):
 def health():
     return {"status": "ok", "model": info.name, "model_version": info.version,
             "weights_kind": info.weights_kind, "backend": "onnxruntime", "device": device,
-            "providers": session.get_providers(), "workers": cores.workers, "cores": cores.cores}
+            "device_name": serving.onnx_device_name(session), "providers": session.get_providers(),
+            "workers": cores.workers, "cores": cores.cores}
 
 
 # `def`, not `async def`: FastAPI runs it in its threadpool, so decoding the
