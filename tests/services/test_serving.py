@@ -105,8 +105,8 @@ def test_missing_model_file_gives_a_hint(tmp_path):
 
 
 @pytest.mark.parametrize("device,cores,workers,expected", [
-    ("cpu", "2", None, (2, [1, 2])), ("cpu", "4", None, (4, [1, 2, 4])), ("cuda", "4", None, (1, [4])),
-    ("cpu", "2", "1", (1, [2])), ("cpu", "4", "2", (2, [2, 4])), ("cpu", "2", "8", (2, [1, 2])),
+    ("cpu", "2", None, (2, [1, 2])), ("cpu", "4", None, (4, [1, 2, 4])), ("cuda", "4", None, (1, [1, 4])),
+    ("cpu", "2", "1", (1, [1, 2])), ("cpu", "4", "2", (2, [1, 2, 4])), ("cpu", "2", "8", (2, [1, 2])),
     ("cpu", "3", "2", (2, [1, 3])),
 ])
 def test_core_share_never_oversubscribes(monkeypatch, device, cores, workers, expected):
@@ -119,6 +119,17 @@ def test_core_share_never_oversubscribes(monkeypatch, device, cores, workers, ex
     assert (share.workers, share.shares) == expected
     # All workers busy at once: their shares fit the cores.
     assert share.workers * threads.share_of(share.cores, share.workers) <= int(cores)
+
+
+def test_every_thread_count_handed_out_is_a_share_even_on_a_busy_machine(monkeypatch):
+    """The ONNX service keeps one session per entry of `shares` and runs each request on
+    sessions[n]: a count handed out that is not there was a 500 (one inference at a time,
+    SERVELAB_INFERENCE_WORKERS=1, on a machine busy with other work)."""
+    monkeypatch.setattr(threads, "machine_busy", lambda cores: True)
+    for workers in (1, 2):
+        share = threads.CoreShare(2, workers=workers)
+        with share.threads() as n:
+            assert n in share.shares
 
 
 def test_core_share_rejects_nonsense(monkeypatch):

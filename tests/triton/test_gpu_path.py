@@ -19,7 +19,7 @@ def two_gpus(tmp_path, monkeypatch):
     """A host whose driver shows two GPUs (plus the control devices, which are not GPUs)."""
     for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-modeset"):
         (tmp_path / name).write_text("")
-    monkeypatch.setattr(install, "DEV_DIR", tmp_path)
+    monkeypatch.setattr(install, "DEV_DIR", tmp_path, raising=False)  # the seam: where /dev/nvidia<N> are
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("SERVELAB_DEVICE", raising=False)
     return tmp_path
@@ -43,6 +43,8 @@ def test_gpu_count_honours_cuda_visible_devices(two_gpus, monkeypatch, visible, 
 def test_hidden_gpus_make_the_local_repository_cpu(two_gpus, monkeypatch):
     """A hidden GPU must not keep KIND_GPU: the load would fail."""
     cfg = triton.dict_to_config(GPU_CONFIG)
+    seen, _ = triton.localize_config(cfg)
+    assert [g.kind for g in seen.instance_group] == [seen.instance_group[0].KIND_GPU]   # the GPUs are there
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     local, notes = triton.localize_config(cfg)
     assert [g.kind for g in local.instance_group] == [local.instance_group[0].KIND_CPU], notes
