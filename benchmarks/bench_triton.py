@@ -135,7 +135,7 @@ def bench_counts(t, window_ms: int, rounds: int, input_dir: Path) -> dict:
     figures: dict = {1: [], 2: []}
     for _ in range(rounds):
         for count in (1, 2):
-            t.reload_model(PT_MODEL, {"instance_group": [{"count": count, "kind": "KIND_CPU"}]})
+            t.reload_model(PT_MODEL, triton.set_instances(count))  # the config's kind (and GPU) kept
             t.wait_for_stubs(PT_MODEL, count)
             before = t.snapshot(PT_MODEL)
             pids = [s.pid for s in t.stub_processes(PT_MODEL)] + [t.pid]

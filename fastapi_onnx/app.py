@@ -27,19 +27,12 @@ MODEL_PATH = Path(os.environ.get("MODEL_PATH", Path(__file__).with_name("food11.
 # --- Device and CPU threads: the lesson of this file ---------------------
 # CUDAExecutionProvider on a GPU, else CPU (SERVELAB_DEVICE forces one).
 providers = serving.onnx_providers()
-# The same thread rule as the PyTorch service: a lone request gets every
-# core, concurrent ones an equal share (one each at full load, or when other
-# programs keep the machine busy). A session's thread count is fixed when it
-# is created, so we create one session per thread count (the model is 9 MB)
-# and each request runs on the one that matches its share. ONNX Runtime
-# keeps its default wait (spin briefly, then sleep).
-cores = serving.core_share("cuda" if "CUDAExecutionProvider" in providers else "cpu")
 # Decoding is bounded too: a photo at the pixel limit is ~120 MB once
 # decoded, so at most one decode per core runs at once, whatever the load.
 decode_slots = threading.BoundedSemaphore(serving.cpu_threads())
 
 
-def session_with(threads):
+def session_with(threads, providers):
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads                    # threads inside one inference
     options.inter_op_num_threads = 1                          # no parallel branches to run
@@ -49,7 +42,15 @@ def session_with(threads):
 
 
 # --- Load the model once, when the server starts ------------------------
-sessions = {n: session_with(n) for n in cores.shares}          # on 2 cores: {1: ..., 2: ...}
+# The same thread rule as the PyTorch service: a lone request gets every
+# core, concurrent ones an equal share (one each at full load, or when other
+# programs keep the machine busy). A session's thread count is fixed when it
+# is created, so we create one session per thread count (the model is 9 MB)
+# and each request runs on the one that matches its share. The rule follows
+# the device the first session really got: if the CUDA provider fails to
+# load, ONNX Runtime runs on the CPU, and so do the thread counts. ONNX
+# Runtime keeps its default wait (spin briefly, then sleep).
+cores, sessions = serving.onnx_sessions(session_with, providers)  # on 2 CPU cores: {1: ..., 2: ...}
 session = sessions[cores.cores]
 device = serving.onnx_device(session)
 input_name = session.get_inputs()[0].name                     # "input"  [N, 3, 224, 224]
@@ -85,7 +86,8 @@ class PredictResponse(BaseModel):
 def health():
     return {"status": "ok", "model": info.name, "model_version": info.version,
             "weights_kind": info.weights_kind, "backend": "onnxruntime", "device": device,
-            "providers": session.get_providers(), "workers": cores.workers, "cores": cores.cores}
+            "device_name": serving.onnx_device_name(session), "providers": session.get_providers(),
+            "workers": cores.workers, "cores": cores.cores}
 
 
 # `def`, not `async def`: FastAPI runs it in its threadpool, so decoding the

@@ -88,6 +88,7 @@ class PredictResponse(BaseModel):
 def health():
     return {"status": "ok", "model": info.name, "model_version": info.version,
             "weights_kind": info.weights_kind, "backend": "pytorch", "device": device,
+            "device_name": serving.torch_device_name(device),   # the GPU's name, or the CPU's
             "workers": cores.workers, "cores": cores.cores}
 
 

@@ -17,6 +17,7 @@ from typing import Callable
 
 from servelab.bench import batchcost, load, queueing, targets
 from servelab.bench.load import Result
+from servelab.lab import warm_batches
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 SYMBOL = {PASS: "✔", FAIL: "✘", INCONCLUSIVE: "inconclusive"}
@@ -139,6 +140,7 @@ def onnx_batching(t, url: str, reload: Callable[[str, object], dict], plan: Batc
     def set_batching(on: bool) -> dict:
         reported = reload(ONNX_MODEL, {"dynamic_batching": {}} if on else {"dynamic_batching": None})
         load.warm(target, requests=8, concurrency=2)   # the new instance runs before anything is timed
+        warm_batches(url, ONNX_MODEL, reported)        # and each batch size the batcher can form (on a GPU)
         return reported
 
     def measured(label, pattern, group, obs=True):

@@ -57,16 +57,57 @@ def check(passed: bool, expected: str, measured: str, runs=()) -> None:
         print("    (a busy machine or very few requests can do this: run the cell again, or compare with the answer key)")
 
 
+def decode_seconds(image_b64: str, repeats: int = 5) -> float:
+    """Median time (s) to decode and preprocess one base64 image the way the
+    services do (``food11.preprocess_base64``), on this machine's CPU: the part
+    of a request a GPU service runs outside its inference slot."""
+    from servelab import food11
+
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        food11.preprocess_base64(image_b64)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def client_batch_cap(single_throughput: float, input_json) -> float:
+    """The most a client batch can gain on the Python-backend model, whatever
+    the device: the model decodes every image of a batch on the CPU, one after
+    another, so a request of ``b`` images costs at least ``b`` decodes. With
+    ``S`` = 1 / ``single_throughput`` (one image per request, one in flight) and
+    ``D`` one decode of the image in ``input_json`` (perf_analyzer's input
+    file) measured here, images per second can grow at most ``S / D`` times."""
+    with open(input_json, encoding="utf-8") as f:
+        image = json.load(f)["data"][0]["INPUT_IMAGE"]["content"][0]
+    return (1.0 / single_throughput) / decode_seconds(image)
+
+
 def warm_copies(triton_url: str, model: str, config: dict) -> None:
     """Send a few unmeasured requests to every copy of a model Triton has just
     (re)loaded, ``config`` being what Triton reports: a new copy is slow on its
     first requests (it allocates, initializes its device, pages its weights in),
     and that is not what a measurement is meant to show."""
     from servelab import bench
-    from servelab.triton.control import instance_count
+    from servelab.triton.config import instance_count
 
     copies = instance_count(config)
     bench.warm(bench.triton_target(triton_url, model), requests=2 * copies, concurrency=copies)
+    warm_batches(triton_url, model, config)
+
+
+def warm_batches(triton_url: str, model: str, config: dict) -> None:
+    """Run, on every copy, each batch size larger than 1 that the dynamic
+    batcher can form (``triton.config.batch_sizes_to_warm``: every size on a
+    GPU, where the first batch of a new size pays for kernel selection; only
+    the preferred sizes on the CPU). Each request carries a whole batch."""
+    from servelab import bench
+    from servelab.triton.config import batch_sizes_to_warm, instance_count
+
+    copies = instance_count(config)
+    for size in batch_sizes_to_warm(config):
+        if size > 1:
+            bench.warm(bench.triton_target(triton_url, model, batch=size), requests=2 * copies, concurrency=copies)
 
 
 def wait_for_backend(url: str, backend: str, timeout_s: float = 900.0, poll_s: float = 5.0,

@@ -133,6 +133,57 @@ def onnx_device(session) -> str:
     return "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), for ``/health``."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "CPU"
+
+
+def torch_device_name(device: str) -> str:
+    """What a PyTorch service runs on, by name: the GPU's as the CUDA driver
+    reports it (``torch.cuda.get_device_name``), else the CPU's."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device).index or 0)
+    return cpu_name()
+
+
+def onnx_device_name(session) -> str:
+    """What an ONNX Runtime session runs on: the CUDA device it was given, or the CPU's name.
+    (ONNX Runtime does not report a GPU's name; the PyTorch service does.)"""
+    if onnx_device(session) == "cuda":
+        options = session.get_provider_options().get("CUDAExecutionProvider", {})
+        return f"CUDA device {options.get('device_id', '0')}"
+    return cpu_name()
+
+
+def onnx_sessions(session_with, providers: list) -> tuple[CoreShare, dict]:
+    """The ONNX service's sessions, one per thread count the thread rule can
+    hand out: ``session_with(threads, providers)`` makes one. The rule is sized
+    for the device the first session actually got (``get_providers()``), not
+    the one requested: when the CUDA provider fails to load, ONNX Runtime runs
+    on the CPU, and one inference at a time would then idle every other core.
+    Returns ``(core_share, {threads: session})``."""
+    first = session_with(cpu_threads(), providers)
+    got = list(first.get_providers())
+    device = onnx_device(first)
+    if device == "cpu" and "CUDAExecutionProvider" in providers:
+        log.warning("ONNX Runtime did not load the CUDA provider (session providers %s): running on the CPU, "
+                    "threads sized for the CPU", got)
+    cores = core_share(device)
+    sessions = {n: first if n == cores.cores else session_with(n, got) for n in cores.shares}
+    return cores, sessions
+
+
 # --------------------------------------------------------------------------
 # What is loaded
 # --------------------------------------------------------------------------

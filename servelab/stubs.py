@@ -160,7 +160,7 @@ def _by_gpu(stubs: list[Stub], gpus: dict[int, list[tuple[int, str, str]]]) -> d
 
 
 def expected_instances(model: str, grpc_url: str) -> int | None:
-    """How many copies Triton says ``model`` runs now (count x GPUs listed), or None."""
+    """How many copies Triton says ``model`` runs now (``triton.instance_count``), or None."""
     try:
         import tritonclient.grpc as grpcclient
 
@@ -171,7 +171,9 @@ def expected_instances(model: str, grpc_url: str) -> int | None:
             client.close()
     except Exception:  # noqa: BLE001 - no client library, no server: nothing to wait for
         return None
-    return sum(int(g.get("count", 1)) * max(1, len(g.get("gpus") or [])) for g in config.get("instance_group", []))
+    from servelab.triton.config import instance_count
+
+    return instance_count(config)
 
 
 def show(model: str | None = None, grpc_url: str | None = None, settle_s: float = 20.0) -> dict[str, list[Stub]]:

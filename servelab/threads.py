@@ -108,8 +108,9 @@ class CoreShare:
 
     @property
     def shares(self) -> list[int]:
-        """Every thread count ``threads()`` can hand out in this process."""
-        return sorted({share_of(self.cores, b) for b in range(1, self.workers + 1)})
+        """Every thread count ``threads()`` can hand out in this process: a share
+        per number of inferences in flight, and 1 on a machine busy with other work."""
+        return sorted({1} | {share_of(self.cores, b) for b in range(1, self.workers + 1)})
 
     def _others_busy(self) -> int:
         """Processes of the group holding a lock byte right now (not us)."""

@@ -30,6 +30,7 @@ in the report comes from that run; ``--scale`` shrinks or grows the runs.
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime as _dt
 import json
 import sys
@@ -41,7 +42,7 @@ from servelab import evidence, paths
 from servelab.bench import load, queueing, table, targets
 from servelab.bench.load import Result
 from servelab.bench.triton import HostCPUObserver, TritonObserver
-from servelab.lab import LONE_REQUEST_SPREAD
+from servelab.lab import LONE_REQUEST_SPREAD, decode_seconds, warm_batches
 from servelab.tour_report import _machine, _weights_kind, write_report  # the report lives in tour_report
 from servelab.tour_state import Tour, TourConfig  # the run's sizes and state
 
@@ -71,10 +72,13 @@ def fastapi_experiment(t: Tour, urls: dict) -> None:
     cfg = t.cfg
     t.log("  1. FastAPI: PyTorch vs ONNX, sequential and 16 concurrent clients")
 
+    decode_s = decode_seconds(base64.b64encode(targets.default_images()[0]).decode("ascii"))  # CPU part
+
     def measure() -> list:
         for name, key in (("FastAPI PyTorch", "fastapi_pt"), ("FastAPI ONNX", "fastapi_onnx")):
             target = targets.FastAPITarget(urls[key], timeout=cfg.timeout)
-            workers = int(_health(urls[key]).get("workers") or 1)
+            health = _health(urls[key])
+            workers = int(health.get("workers") or 1)
             load.warm(target, requests=2 * workers, concurrency=workers)
             seq = t.add(name, load.run_checked(target, load.sequential(cfg.n(cfg.seq_requests), warmup=3),
                                                lambda: [HostCPUObserver()], f"{name} · sequential",
@@ -82,13 +86,15 @@ def fastapi_experiment(t: Tour, urls: dict) -> None:
             c16 = t.add(name, load.run_checked(target, load.closed(16, requests=cfg.n(cfg.concurrent_requests)),
                                                lambda: [HostCPUObserver()], f"{name} · C=16",
                                                attempts=t.attempts(), log=t.log))
-            # The service runs `workers` inferences at once (one per core): a
-            # closed loop of 16 then waits about 16 / workers service times.
+            # The service runs `workers` inferences at once (one per core on the CPU):
+            # a closed loop of 16 then waits about 16 / k service times. On CUDA one
+            # runs on the GPU while images decode on the CPU beside it (queueing.servers).
             s1 = seq.latency["mean_ms"]
-            pred = queueing.closed_loop(16, s1 / 1000, workers)["latency_s"] * 1000
+            k = queueing.servers(health, s1 / 1000, decode_s)
+            pred = queueing.closed_loop(16, s1 / 1000, k)["latency_s"] * 1000
             t.facts[f"{key}_workers"] = workers
             t.comparisons.append(queueing.Comparison(
-                f"{name} C=16", f"max(1, 16/k) x S(1), k = {workers} inferences at once", pred,
+                f"{name} C=16", f"max(1, 16/k) x S(1), k = {k:.3g} requests at once", pred,
                 c16.latency["mean_ms"]))
         pt, onnx = t.groups["FastAPI PyTorch"], t.groups["FastAPI ONNX"]
         t.facts["fastapi_onnx_vs_pt_sequential"] = onnx[0].throughput / pt[0].throughput
@@ -123,12 +129,13 @@ def triton_python_experiment(t: Tour, triton_url: str, grpc_url: str, metrics_ur
         t.log(f"  2. Triton {PY_MODEL}, {instances} instance(s): concurrency {', '.join(map(str, cfg.concurrency))}")
         reported = triton.model_config(PY_MODEL, grpc_url)
         if triton.instance_count(reported) != instances:   # the stack starts it with one: no reload then
-            reported = triton.reload_model(
-                PY_MODEL, {"instance_group": [{"count": instances, "kind": "KIND_CPU"}]},
-                grpc_url=grpc_url, verbose=False)
+            # the kind stays as configured: GPU copies on a GPU host, CPU ones here
+            reported = triton.reload_model(PY_MODEL, triton.set_instances(instances),
+                                           grpc_url=grpc_url, verbose=False)
         got = triton.instance_count(reported)
         t.log(f"    Triton reports {got} instance(s)")
         load.warm(target, requests=4 * instances, concurrency=2 * instances)  # every new instance runs once
+        warm_batches(triton_url, PY_MODEL, reported)  # and every batch size it can be handed (on a GPU)
         for c in cfg.concurrency:
             t.add(group, load.run_checked(
                 target, load.closed(c, duration=cfg.s(cfg.triton_seconds), warmup=max(2, c)),

@@ -52,7 +52,8 @@ def _python_plots(t: Tour, plots, save) -> None:
          title="Triton Python model: queue vs compute per request")
     py_runs = [r for rs in py.values() for r in rs]
     gpu = any(k.startswith("GPU") for r in py_runs for k in (r.utilization or {}).get("series", {}))
-    save("triton_python_utilization.png", plots.utilization, py_runs, series="GPU" if gpu else "CPU",
+    # On a GPU host the CPU still decodes every image: show it beside the GPUs.
+    save("triton_python_utilization.png", plots.utilization, py_runs, series=("CPU", "GPU") if gpu else "CPU",
          title="Triton Python model: utilization during each run")
 
 

@@ -21,3 +21,20 @@ def sample_paths():
     found = paths.sample_images()
     assert len(found) >= 5, "the kit's sample images are missing from servelab/samples/"
     return found
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` run only where PyTorch sees a CUDA device (a lent GPU
+    machine: `pytest -m cuda`); elsewhere they are skipped with that reason."""
+    marked = [item for item in items if item.get_closest_marker("cuda")]
+    if not marked:
+        return
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    if not cuda:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason="no CUDA device"))

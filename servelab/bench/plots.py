@@ -138,24 +138,31 @@ def batch_histogram(results: Sequence[Result], path=None, title="Batch sizes Tri
     return _finish(fig, path)
 
 
-def utilization(results: Sequence[Result], path=None, series: str = "CPU",
+def utilization(results: Sequence[Result], path=None, series: str | Sequence[str] = "CPU",
                 title: str | None = None) -> Figure:
-    """Utilization over each run's time (CPU or GPU from Triton's metrics).
+    """Utilization over each run's time (CPU and/or GPU from Triton's metrics).
 
-    ``series="GPU"`` plots every GPU series; anything else names one series.
+    ``series`` names one series or several (``("CPU", "GPU")``: the host's
+    CPU, solid, beside every GPU, dashed); ``"GPU"`` means every GPU series.
     """
+    wanted = [series] if isinstance(series, str) else list(series)
+    styles = {w: "-" if k == 0 else "--" for k, w in enumerate(wanted)}
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot()
     for i, r in enumerate(results):
         u = r.utilization or {}
         for name, vals in (u.get("series") or {}).items():
-            if name == series or (series == "GPU" and name.startswith("GPU")):
-                ax.plot(u["t"], [v * 100 for v in vals], "-", color=f"C{i % 10}",
-                        label=f"{r.label}" + (f" {name}" if series == "GPU" else ""))
+            match = next((w for w in wanted if name == w or (w == "GPU" and name.startswith("GPU"))), None)
+            if match is None:
+                continue
+            named = len(wanted) > 1 or match == "GPU"
+            ax.plot(u["t"], [v * 100 for v in vals], styles[match], color=f"C{i % 10}",
+                    label=f"{r.label}" + (f" {name}" if named else ""))
+    what = " and ".join(wanted)
     ax.set_xlabel("seconds into the run")
-    ax.set_ylabel(f"{series} utilization (%)")
+    ax.set_ylabel(f"{what} utilization (%)")
     ax.set_ylim(0, 105)
-    ax.set_title(title or f"{series} utilization during each run")
+    ax.set_title(title or f"{what} utilization during each run")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _finish(fig, path)

@@ -47,6 +47,26 @@ def closed_loop(concurrency: int, service_s: float, instances: int = 1) -> dict[
     return {"latency_s": latency, "throughput": throughput}
 
 
+def servers(health: Mapping, service_s: float, decode_s: float = 0.0) -> float:
+    """``k`` for :func:`closed_loop`: how many requests a FastAPI service works
+    on at once, from its ``/health`` (``device``, ``workers``, ``cores``).
+
+    On the CPU: ``workers`` inferences at once (one per core); each request's
+    decoding runs on the same cores and is part of ``S``. On CUDA: ``workers``
+    inferences (one) on the GPU at a time, while the decoding (``decode_s``, on
+    the CPU, up to one per core at once) runs outside that slot, beside the
+    GPU's pass. The two stages then finish a request every
+    ``max((S - D) / workers, D / cores)``, so ``k = S / max((S - D) / workers, D / cores)``
+    (at least 1; ``D = 0`` gives ``workers``)."""
+    workers = max(1, int(health.get("workers") or 1))
+    if health.get("device") != "cuda":
+        return float(workers)
+    cores = max(1, int(health.get("cores") or 1))
+    decode_s = min(max(0.0, decode_s), service_s)
+    per_request = max((service_s - decode_s) / workers, decode_s / cores)
+    return max(1.0, service_s / per_request) if per_request > 0 else float(workers)
+
+
 def utilization(rate: float, service_s: float) -> float:
     return rate * service_s
 

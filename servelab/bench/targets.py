@@ -247,9 +247,10 @@ def triton_image_target(url: str, model: str = "food_classifier",
                         images: Sequence[bytes | str | Path] | None = None,
                         input_name: str = "INPUT_IMAGE", outputs: Sequence[str] = ("FOOD_LABEL", "PROBABILITY"),
                         version: str | int | None = None, binary: bool = True,
-                        timeout: float = 30.0) -> TritonHTTPTarget:
-    """A BYTES model taking one base64-encoded image per request, shape [1, 1]."""
-    reqs = [triton_infer_body([(input_name, "BYTES", [1, 1], [base64.b64encode(b)])], outputs, binary)
+                        timeout: float = 30.0, batch: int = 1) -> TritonHTTPTarget:
+    """A BYTES model taking base64-encoded images, shape [batch, 1]: one image
+    per request, or ``batch`` copies of it (a client-side batch)."""
+    reqs = [triton_infer_body([(input_name, "BYTES", [batch, 1], [base64.b64encode(b)] * batch)], outputs, binary)
             for b in _read_images(images)]
     return TritonHTTPTarget(url, model, reqs, version, timeout,
                             protocol_note="binary" if binary else "json")
@@ -259,12 +260,14 @@ def triton_tensor_target(url: str, model: str = "food_classifier_onnx",
                          tensors: Sequence[np.ndarray] | None = None,
                          input_name: str = "input", outputs: Sequence[str] = ("output",),
                          datatype: str = "FP32", version: str | int | None = None,
-                         binary: bool = True, timeout: float = 30.0) -> TritonHTTPTarget:
-    """A tensor model; default tensors are the sample images, preprocessed."""
+                         binary: bool = True, timeout: float = 30.0, batch: int = 1) -> TritonHTTPTarget:
+    """A tensor model; default tensors are the sample images, preprocessed.
+    Each request carries one tensor, or ``batch`` copies of it."""
     if tensors is None:
         from servelab import food11
         tensors = [food11.preprocess(b) for b in default_images()]
-    reqs = [triton_infer_body([(input_name, datatype, [1, *np.shape(t)], t)], outputs, binary)
+    reqs = [triton_infer_body([(input_name, datatype, [batch, *np.shape(t)], np.stack([t] * batch))],
+                              outputs, binary)
             for t in tensors]
     return TritonHTTPTarget(url, model, reqs, version, timeout,
                             protocol_note="binary" if binary else "json")
@@ -280,9 +283,10 @@ def model_metadata(url: str, model: str, timeout: float = 10.0) -> dict:
 
 def triton_target(url: str, model: str, version: str | int | None = None, binary: bool = True,
                   images: Sequence[bytes | str | Path] | None = None, timeout: float = 30.0,
-                  seed: int = 0) -> TritonHTTPTarget:
+                  seed: int = 0, batch: int = 1) -> TritonHTTPTarget:
     """Pick the payload from the model's metadata: images for a single BYTES
-    input, preprocessed samples for FP32 [3,224,224], random data otherwise."""
+    input, preprocessed samples for FP32 [3,224,224], random data otherwise;
+    ``batch`` items per request (a model with a batch dimension)."""
     meta = model_metadata(url, model)
     ins, outs = meta["inputs"], [o["name"] for o in meta.get("outputs", [])]
     if len(ins) != 1:
@@ -290,9 +294,9 @@ def triton_target(url: str, model: str, version: str | int | None = None, binary
     spec = ins[0]
     dims = [d for d in spec["shape"][1:]] if spec["shape"] and spec["shape"][0] == -1 else spec["shape"]
     if spec["datatype"] == "BYTES":
-        return triton_image_target(url, model, images, spec["name"], outs, version, binary, timeout)
+        return triton_image_target(url, model, images, spec["name"], outs, version, binary, timeout, batch)
     if spec["datatype"] == "FP32" and list(dims) == [3, 224, 224]:
-        return triton_tensor_target(url, model, None, spec["name"], outs, "FP32", version, binary, timeout)
+        return triton_tensor_target(url, model, None, spec["name"], outs, "FP32", version, binary, timeout, batch)
     if any(d < 0 for d in dims):
         raise ValueError(f"{model} input {spec['name']} has variable dims {dims}; pass tensors explicitly")
     rng = np.random.default_rng(seed)
@@ -301,7 +305,7 @@ def triton_target(url: str, model: str, version: str | int | None = None, binary
         raise ValueError(f"unsupported input datatype {spec['datatype']}")
     tensors = [rng.random(dims).astype(dtype) for _ in range(4)]
     return triton_tensor_target(url, model, tensors, spec["name"], outs, spec["datatype"], version,
-                                binary, timeout)
+                                binary, timeout, batch)
 
 
 # --- Triton gRPC -----------------------------------------------------------

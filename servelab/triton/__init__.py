@@ -13,7 +13,7 @@ Start / stop (a real ``tritonserver`` process; ports default to the lab's)::
         t.admin_key     # key for the model-repository API (random per run
                         #   unless TRITON_ADMIN_KEY is set)
         t.notes         # what was adapted locally (KIND_GPU -> KIND_CPU, ONNX runner)
-        t.reload_model("food_classifier", {"instance_group": [{"count": 2, "kind": "KIND_CPU"}]})
+        t.reload_model("food_classifier", triton.set_instances(2))   # 2 copies, kind kept
         t.model_config(name), t.snapshot(name), t.stub_processes(name),
         t.wait_for_stubs(name, count), t.log_tail()
 
@@ -77,6 +77,7 @@ from servelab.triton.config import (
     RUNNER_PARAMETER,
     Edit,
     apply_edit,
+    batch_sizes_to_warm,
     config_to_dict,
     config_to_text,
     describe_config,
@@ -86,6 +87,7 @@ from servelab.triton.config import (
     load_config,
     localize_config,
     parse_config_text,
+    set_instances,
 )
 from servelab.triton.control import instance_count, model_config, reload_model
 from servelab.triton.install import (
@@ -112,8 +114,8 @@ __all__ = [
     "ADMIN_KEY_ENV", "DEFAULT_GRPC_PORT", "DEFAULT_HOST", "DEFAULT_HTTP_PORT", "DEFAULT_METRICS_PORT",
     "EXIT_TIMEOUT_S", "GRPC_ADMIN_HEADER", "HTTP_ADMIN_HEADER", "ONNX_FILE_PARAMETER", "RUNNER_PARAMETER",
     "Edit", "StubProcess", "TritonError", "TritonInstall", "TritonServer", "add_parser", "apply_edit",
-    "build_repository", "config_to_dict", "config_to_text", "describe_config", "dict_to_config",
+    "batch_sizes_to_warm", "build_repository", "config_to_dict", "config_to_text", "describe_config", "dict_to_config",
     "find_install", "gpu_count", "is_onnx_config", "is_runner_config", "load_config", "localize_config",
     "instance_count", "model_config", "parse_config_text", "prepare_backends", "read_state", "reload_model",
-    "running", "snapshot", "start", "state_path", "stats_delta", "stop_running", "stub_processes", "sync_model",
+    "running", "set_instances", "snapshot", "start", "state_path", "stats_delta", "stop_running", "stub_processes", "sync_model",
 ]

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from servelab import paths, procs
 from servelab.triton import install, stats
-from servelab.triton.config import describe_config, fragment_to_edit
+from servelab.triton.config import apply_edit, describe_config, fragment_to_edit, set_instances
 from servelab.triton.control import model_config, reload_model
 from servelab.triton.process import stub_processes
 from servelab.triton.server import start, stop_running
@@ -162,13 +162,13 @@ def _cmd_status(args) -> int:
     return 0
 
 
-def _instance_group_edit(args) -> list | None:
+def _instance_group_edit(args):
+    """An edit of the instance group, or None: what is not given (the kind,
+    the GPUs, the count) stays as the model's config has it."""
     if args.count is None and not args.kind and args.gpus is None:
         return None
-    group: dict = {"count": args.count or 1, "kind": args.kind or "KIND_CPU"}
-    if args.gpus:
-        group["gpus"] = [int(g) for g in args.gpus.split(",")]
-    return [group]
+    gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
+    return set_instances(args.count, args.kind, gpus)
 
 
 def _dynamic_batching_edit(args) -> dict | None:
@@ -180,12 +180,10 @@ def _dynamic_batching_edit(args) -> dict | None:
     return db if (args.dynamic_batching or db) else None
 
 
-def _edit_from_args(args) -> dict:
-    """The reload options as one dict edit (``--set`` fragment last)."""
+def _edit_from_args(args):
+    """The reload options as one edit (``--set`` fragment last): a dict, or a
+    function of the current config when the instance group changes."""
     edit: dict = {}
-    group = _instance_group_edit(args)
-    if group is not None:
-        edit["instance_group"] = group
     db = _dynamic_batching_edit(args)
     if db is not None:
         edit["dynamic_batching"] = db
@@ -195,7 +193,10 @@ def _edit_from_args(args) -> dict:
         for key, value in fragment_to_edit(args.fragment, "--set").items():
             if value != {} or key not in edit:  # an empty block keeps the options' fields
                 edit[key] = value
-    return edit
+    group = _instance_group_edit(args)
+    if group is None:
+        return edit
+    return lambda cfg: apply_edit(apply_edit(cfg, group), edit)
 
 
 def _cmd_reload(args) -> int:

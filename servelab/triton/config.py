@@ -160,6 +160,67 @@ def localize_config(cfg, gpus: int | None = None, name: str | None = None):
     return new, notes
 
 
+def set_instances(count: int | None = None, kind: str | None = None, gpus: list | None = None):
+    """An edit (for :func:`apply_edit`) that sets the model's one instance
+    group: ``count`` copies (default: the config's), of ``kind`` (default: the
+    config's, so a GPU model stays on the GPU), on ``gpus`` (default: the
+    config's, dropped when the kind becomes something other than KIND_GPU)."""
+    def edit(cfg: dict) -> dict:
+        old = (cfg.get("instance_group") or [{}])[0]
+        group = {"count": int(count if count is not None else old.get("count", 1)),
+                 "kind": kind or old.get("kind", "KIND_AUTO")}
+        listed = gpus if gpus is not None else old.get("gpus")
+        if listed and group["kind"] in ("KIND_GPU", "KIND_AUTO"):
+            group["gpus"] = [int(g) for g in listed]
+        cfg["instance_group"] = [group]
+        dict_to_config(cfg, "edited config")  # validate now, with a clear message
+        return cfg
+
+    return edit
+
+
+def _on_gpu(group: Mapping, gpus: int | None = None) -> bool:
+    """Whether an instance group's copies run on GPUs (KIND_AUTO: where there is one)."""
+    kind = group.get("kind", "KIND_AUTO")
+    if kind == "KIND_GPU":
+        return True
+    return kind == "KIND_AUTO" and bool(group.get("gpus") or (gpu_count() if gpus is None else gpus))
+
+
+def instance_count(config: Mapping, gpus: int | None = None) -> int:
+    """Model copies a config asks for: ``count`` per group, times the GPUs a
+    GPU group runs on: those it lists, or, listing none, every GPU here
+    (``gpus``: how many; default :func:`gpu_count`). KIND_AUTO is a GPU
+    group where there is a GPU."""
+    groups = config.get("instance_group") or [{"count": 1}]
+    total = 0
+    for g in groups:
+        count = int(g.get("count", 1) or 1)
+        if _on_gpu(g, gpus):
+            total += count * (len(g.get("gpus") or []) or max(1, gpu_count() if gpus is None else gpus))
+        else:
+            total += count
+    return max(1, total)
+
+
+def batch_sizes_to_warm(config: Mapping, gpus: int | None = None) -> list[int]:
+    """Batch sizes a warm-up should run before anything is timed.
+
+    On a GPU the first batch of each new size pays for kernel selection (and
+    memory), and the dynamic batcher can form any size up to
+    ``max_batch_size`` (a preferred size, or whatever has gathered when the
+    delay runs out): every size. On the CPU a new size costs little more than
+    any run: batch 1 and the preferred sizes, so the warm-up stays cheap."""
+    max_batch = int(config.get("max_batch_size", 0) or 0)
+    batching = config.get("dynamic_batching")
+    if max_batch <= 1 or batching is None:
+        return [1]
+    if any(_on_gpu(g, gpus) for g in config.get("instance_group") or [{}]):
+        return list(range(1, max_batch + 1))
+    preferred = [int(b) for b in (batching or {}).get("preferred_batch_size") or [] if 1 < int(b) <= max_batch]
+    return sorted({1, *preferred})
+
+
 def describe_config(config) -> str:
     """One line a student can read: batching, instances, backend."""
     data = config if isinstance(config, Mapping) else config_to_dict(config)

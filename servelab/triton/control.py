@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Protocol
 
 from servelab import paths
-from servelab.triton.config import Edit, apply_edit, config_to_dict, describe_config, dict_to_config, load_config
+from servelab.triton.config import (  # noqa: F401 (instance_count: re-exported)
+    Edit,
+    apply_edit,
+    config_to_dict,
+    describe_config,
+    dict_to_config,
+    instance_count,
+    load_config,
+)
 from servelab.triton.install import ADMIN_KEY_ENV, DEFAULT_GRPC_PORT, DEFAULT_HOST, GRPC_ADMIN_HEADER
 from servelab.triton.process import stub_processes, wait_for_stubs
 from servelab.triton.repository import sync_model
@@ -184,12 +192,6 @@ def reload_model(name: str, edit: Edit = None, *, server: LocalServer | None = N
     if verbose:
         print(f"reloaded {describe_config(reported)}")
     return reported
-
-
-def instance_count(config: dict) -> int:
-    """Model instances a (reported) config asks for: ``count`` per group, per listed GPU."""
-    groups = config.get("instance_group") or [{"count": 1}]
-    return max(1, sum(int(g.get("count", 1)) * max(1, len(g.get("gpus") or [])) for g in groups))
 
 
 def _log_size(log_path: Path | None) -> int:

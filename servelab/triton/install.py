@@ -67,11 +67,33 @@ def find_install() -> TritonInstall:
     return install
 
 
+DEV_DIR = Path("/dev")  # where the driver's device files are (a test points it elsewhere)
+
+
 def gpu_count() -> int:
-    """GPUs Triton could use here. ``SERVELAB_DEVICE=cpu`` forces 0."""
+    """GPUs Triton could use here: the ``/dev/nvidia<N>`` devices, less those
+    ``CUDA_VISIBLE_DEVICES`` hides. ``SERVELAB_DEVICE=cpu`` forces 0."""
     if os.environ.get("SERVELAB_DEVICE", "").strip().lower() == "cpu":
         return 0
-    return len([p for p in Path("/dev").glob("nvidia[0-9]*") if p.name[6:].isdigit()])
+    present = len([p for p in DEV_DIR.glob("nvidia[0-9]*") if p.name[6:].isdigit()])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return present
+    # CUDA's rule: the listed devices in order, up to the first entry that names
+    # none (so "" and "-1" hide every GPU); an entry is an index or a GPU-/MIG- UUID.
+    seen = 0
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.isdigit() and int(entry) < present or entry.startswith(("GPU-", "MIG-")):
+            seen += 1
+        else:
+            break
+    return min(seen, present)
+
+
+# Folders the dynamic linker searches anyway: a libpython there needs no LD_LIBRARY_PATH entry.
+_MULTIARCH = sysconfig.get_config_var("MULTIARCH") or ""
+SYSTEM_LIB_DIRS = {"/lib", "/usr/lib", "/lib64", "/usr/lib64"} | (
+    {f"/lib/{_MULTIARCH}", f"/usr/lib/{_MULTIARCH}"} if _MULTIARCH else set())
 
 
 def server_env(install: TritonInstall) -> dict[str, str]:
@@ -79,9 +101,13 @@ def server_env(install: TritonInstall) -> dict[str, str]:
     lib_path = [str(install.libs)]
     # The stub embeds libpython: prefer the one that belongs to this
     # interpreter (pyenv/conda builds) over a system copy of the same soname.
+    # Only such a private folder is added, after Triton's own: a system
+    # Python's (/usr/lib/x86_64-linux-gnu) is searched anyway, and listing it
+    # would put its libraries (a system CUDA or cuDNN) before torch's own in the stubs.
     libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
-    if libdir and soname and (Path(libdir) / soname).exists():
-        lib_path.insert(0, libdir)
+    if libdir and soname and (Path(libdir) / soname).exists() and \
+            os.path.normpath(libdir) not in SYSTEM_LIB_DIRS:
+        lib_path.append(libdir)
     env = procs.child_env()
     # OpenMP threads (torch's) wait for the next layer by spinning, then sleep.
     # PASSIVE (sleep at once) made a 2-thread forward pass 2x slower (13.5 vs

@@ -26,7 +26,9 @@ from servelab import (
 
 
 def _instances(config):
-    """Total model instances in the config (count per listed GPU, if any)."""
+    """Total model instances in the config (count per listed GPU, if any).
+    Triton hands the backend its normalized config, where a KIND_GPU group
+    lists every GPU it runs on (triton.instance_count counts any config)."""
     total = 0
     for group in config.get("instance_group", []) or [{"count": 1}]:
         total += int(group.get("count", 1)) * max(1, len(group.get("gpus", []) or []))

@@ -82,3 +82,20 @@ def test_every_plot_renders(tmp_path):
         x = round(patch.get_x() + patch.get_width() / 2)
         heights[x] = heights.get(x, 0) + patch.get_height()
     assert heights[1] == pytest.approx(a[1].latency["mean_ms"])
+
+
+def test_tour_utilization_plot_shows_the_cpu_beside_the_gpus(tmp_path):
+    """On a GPU host the CPU still decodes every image (a likely bottleneck): the
+    tour's utilization plot shows both. GPU presence is the series the runs carry."""
+    from servelab import tour, tour_report
+
+    runs = [_fake("Triton Python · 1 instance · C=1", 1, [1, 2, 3]), _fake("Triton Python · 1 instance · C=8", 8, [4, 5])]
+    for r in runs:
+        r.utilization = {"t": [0, 0.5, 1.0], "series": {"CPU": [0.9, 1.0, 0.95], "GPU GPU-12345678": [0.2, 0.3, 0.2]}}
+    t = tour.Tour(tour.TourConfig(), tmp_path)
+    t.groups = {"Triton Python · 1 instance": runs}
+    figs = {}
+    tour_report._python_plots(t, plots, lambda name, fn, *a, **kw: figs.__setitem__(name, fn(*a, **kw)))
+    labels = [line.get_label() for line in figs["triton_python_utilization.png"].axes[0].get_lines()]
+    assert sum(label.endswith(" CPU") for label in labels) == 2, labels
+    assert sum(label.endswith(" GPU GPU-12345678") for label in labels) == 2, labels

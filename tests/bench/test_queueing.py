@@ -178,3 +178,42 @@ def test_sustained_bound_leaves_room_for_two_full_batches():
     rate = 0.8 * cpu.capacity(16)
     p99 = q.simulated_run_p99(rate, cpu, 16, duration_s=3.0, seeds=(7,))
     assert 10 * 0.004 < p99 <= q.sustained_bound(0.004, cpu)
+
+
+def test_servers_counts_what_the_service_runs_at_once_on_its_device():
+    """Notebook 4 and the tour predict 16 clients' latency as max(1, 16/k) x S. On the CPU
+    k is one inference per core; on CUDA the service runs one inference at a time but
+    decodes outside that slot (on the CPU, one per core): k follows the slower stage.
+    The device is what the service's /health reports (a dict here)."""
+    from servelab.bench import queueing
+
+    cpu = {"device": "cpu", "workers": 2, "cores": 2}
+    assert queueing.servers(cpu, 0.030, 0.005) == 2
+    gpu = {"device": "cuda", "workers": 1, "cores": 2}
+    # S = 10 ms of which D = 6 ms decoding: the GPU slot (4 ms) or the decoders (6/2 = 3 ms) bound it
+    assert queueing.servers(gpu, 0.010, 0.006) == pytest.approx(2.5)
+    # decoding that dominates: the two decoders are the bottleneck
+    assert queueing.servers({**gpu, "cores": 2}, 0.010, 0.009) == pytest.approx(10 / 4.5)
+    assert queueing.servers(gpu, 0.010, 0.0) == 1            # nothing outside the slot: one at a time
+    # a prediction with it: 16 clients wait 16 / 2.5 service times, not 16
+    assert queueing.closed_loop(16, 0.010, queueing.servers(gpu, 0.010, 0.006))["latency_s"] == pytest.approx(0.064)
+
+
+def test_client_batch_cap_is_one_request_over_one_decode(monkeypatch):
+    """Notebook 6's `-b 16` check on a GPU: the model still decodes all 16 images on the
+    CPU, so images/s can grow at most S / D. D is measured on the perf_analyzer input image."""
+    from servelab import lab, paths
+
+    seen = []
+    monkeypatch.setattr(lab, "decode_seconds", lambda image, repeats=5: seen.append(image) or 0.005)
+    assert lab.client_batch_cap(50.0, paths.INPUT_JSON) == pytest.approx(4.0)   # S = 20 ms, D = 5 ms
+    assert seen and len(seen[0]) > 1000                                          # the base64 image itself
+
+
+def test_decode_seconds_times_the_services_preprocessing():
+    import base64
+
+    from servelab import lab, paths
+
+    image = base64.b64encode(paths.sample_images()[0].read_bytes()).decode("ascii")
+    assert 0 < lab.decode_seconds(image, repeats=3) < 5

@@ -79,3 +79,29 @@ def test_invalid_runs_get_two_repeats_until_the_repeat_budget_is_spent(tmp_path)
     assert t.attempts() == 3
     t.t0 -= t.cfg.run_repeat_budget_s + 1
     assert t.attempts() == 1
+
+
+def test_two_instance_run_keeps_the_models_kind(monkeypatch, tmp_path):
+    """On a GPU host the tour's second Python-backend run must be two GPU copies,
+    not two CPU copies compared with one GPU copy. Triton here is a seam: a
+    config reported with KIND_GPU, and the reload's edit is applied to it."""
+    from servelab import triton
+
+    reported = {"name": tour.PY_MODEL, "max_batch_size": 16,
+                "instance_group": [{"count": 1, "kind": "KIND_GPU", "gpus": [0]}]}
+    edits = []
+
+    def reload_model(name, edit=None, **kw):
+        edits.append(edit)
+        reported.update(triton.apply_edit(reported, edit))
+        return dict(reported)
+
+    monkeypatch.setattr(triton, "model_config", lambda name, url: dict(reported))
+    monkeypatch.setattr(triton, "reload_model", reload_model)
+    monkeypatch.setattr(tour.targets, "triton_target", lambda *a, **k: object())
+    monkeypatch.setattr(tour.load, "warm", lambda *a, **k: None)
+    monkeypatch.setattr(tour.load, "run_checked", lambda target, pat, *a, **k: _closed_run(pat.concurrency, 10.0, 100.0))
+    t = tour.Tour(tour.TourConfig(concurrency=(1, 8)), tmp_path, log=lambda *a: None)
+    tour.triton_python_experiment(t, "http://127.0.0.1:1", "127.0.0.1:2", "http://127.0.0.1:3/metrics")
+    assert len(edits) == 1
+    assert reported["instance_group"] == [{"count": 2, "kind": "KIND_GPU", "gpus": [0]}]

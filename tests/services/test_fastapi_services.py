@@ -15,6 +15,17 @@ from servelab import food11, paths, serving
 from .helpers import b64, bomb_png, first_jpeg, post_good, truncated_jpeg
 
 
+def _cuda_here(service: str) -> bool:
+    """Whether the service's library sees a CUDA device on this host (auto picks it)."""
+    if service == "fastapi_pt":
+        import torch
+
+        return torch.cuda.is_available()
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
 def test_health_reports_model_backend_device(fastapi_server):
     r = requests.get(f"{fastapi_server.url}/health", timeout=10)
     assert r.status_code == 200
@@ -22,11 +33,18 @@ def test_health_reports_model_backend_device(fastapi_server):
     assert body["status"] == "ok"
     assert body["model"] == "food11"
     assert body["backend"] == ("pytorch" if fastapi_server.name == "fastapi_pt" else "onnxruntime")
-    assert body["device"] == "cpu"  # no GPU on this machine; auto falls back to CPU
+    # auto: the GPU where the library sees one, else the CPU (here: no GPU)
+    device = "cuda" if _cuda_here(fastapi_server.name) else "cpu"
+    assert body["device"] == device
     assert body["weights_kind"] in ("demo", "trained")
-    # CPU default: one inference per core at once (a lone one on every core).
-    assert body["workers"] == body["cores"] == serving.cpu_threads()
-    assert "device: cpu" in fastapi_server.log_tail(200)  # the choice is logged
+    # CPU: one inference per core at once (a lone one on every core); CUDA: one at a time.
+    assert body["cores"] == serving.cpu_threads()
+    assert body["workers"] == (1 if device == "cuda" else serving.cpu_threads())
+    assert f"device: {device}" in fastapi_server.log_tail(200)  # the choice is logged
+    if device == "cpu":
+        assert body["device_name"] == serving.cpu_name() != ""
+    else:  # the GPU's own name (PyTorch), or the CUDA device ONNX Runtime was given
+        assert body["device_name"] and body["device_name"] != serving.cpu_name()
 
 
 def test_predict_every_sample(fastapi_server):
@@ -172,17 +190,18 @@ def test_openapi_documents_the_contract(fastapi_server):
 
 
 def test_env_knobs_device_and_workers(built_models, service_logs):
-    """SERVELAB_DEVICE=cuda on a machine without a GPU falls back to CPU and
-    says so; SERVELAB_INFERENCE_WORKERS=1 gives one inference at a time."""
+    """SERVELAB_DEVICE=cuda on a machine without a GPU (for ONNX Runtime) falls
+    back to CPU and says so; SERVELAB_INFERENCE_WORKERS=1 gives one inference at a time."""
     from .helpers import start_fastapi
 
     server = start_fastapi("fastapi_onnx", service_logs,
                            env={"SERVELAB_DEVICE": "cuda", "SERVELAB_INFERENCE_WORKERS": "1"})
     try:
         health = requests.get(f"{server.url}/health", timeout=10).json()
-        assert health["device"] == "cpu"
+        gpu = _cuda_here("fastapi_onnx")
+        assert health["device"] == ("cuda" if gpu else "cpu")
         assert (health["workers"], health["cores"]) == (1, serving.cpu_threads())
-        assert "falling back to CPU" in server.log_tail(200)
+        assert gpu or "falling back to CPU" in server.log_tail(200)
         post_good(server.url)
     finally:
         server.stop()

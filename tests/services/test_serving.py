@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servelab import food11, procs, serving, threads
+from servelab import food11, paths, procs, serving, threads
 
 
 @pytest.mark.parametrize("value,expected", [("", "auto"), ("cpu", "cpu"), ("CUDA", "cuda"), (" auto ", "auto")])
@@ -105,8 +105,8 @@ def test_missing_model_file_gives_a_hint(tmp_path):
 
 
 @pytest.mark.parametrize("device,cores,workers,expected", [
-    ("cpu", "2", None, (2, [1, 2])), ("cpu", "4", None, (4, [1, 2, 4])), ("cuda", "4", None, (1, [4])),
-    ("cpu", "2", "1", (1, [2])), ("cpu", "4", "2", (2, [2, 4])), ("cpu", "2", "8", (2, [1, 2])),
+    ("cpu", "2", None, (2, [1, 2])), ("cpu", "4", None, (4, [1, 2, 4])), ("cuda", "4", None, (1, [1, 4])),
+    ("cpu", "2", "1", (1, [1, 2])), ("cpu", "4", "2", (2, [1, 2, 4])), ("cpu", "2", "8", (2, [1, 2])),
     ("cpu", "3", "2", (2, [1, 3])),
 ])
 def test_core_share_never_oversubscribes(monkeypatch, device, cores, workers, expected):
@@ -121,6 +121,17 @@ def test_core_share_never_oversubscribes(monkeypatch, device, cores, workers, ex
     assert share.workers * threads.share_of(share.cores, share.workers) <= int(cores)
 
 
+def test_every_thread_count_handed_out_is_a_share_even_on_a_busy_machine(monkeypatch):
+    """The ONNX service keeps one session per entry of `shares` and runs each request on
+    sessions[n]: a count handed out that is not there was a 500 (one inference at a time,
+    SERVELAB_INFERENCE_WORKERS=1, on a machine busy with other work)."""
+    monkeypatch.setattr(threads, "machine_busy", lambda cores: True)
+    for workers in (1, 2):
+        share = threads.CoreShare(2, workers=workers)
+        with share.threads() as n:
+            assert n in share.shares
+
+
 def test_core_share_rejects_nonsense(monkeypatch):
     monkeypatch.setenv("SERVELAB_INFERENCE_WORKERS", "zero")
     with pytest.raises(ValueError):
@@ -128,3 +139,29 @@ def test_core_share_rejects_nonsense(monkeypatch):
     monkeypatch.setenv("SERVELAB_INFERENCE_WORKERS", "0")
     with pytest.raises(ValueError):
         serving.core_share()
+
+
+def test_onnx_service_sizes_threads_for_the_device_its_session_got(built_models, monkeypatch):
+    """CUDA requested, the CUDA provider failed to load (ONNX Runtime then runs on
+    the CPU): the service must size its threads for the CPU, one inference per
+    core, not one at a time as on a GPU. The failure is the seam set here."""
+    import importlib.util
+
+    import onnxruntime as ort
+
+    real = ort.InferenceSession
+
+    def cuda_fails_to_load(path, options=None, providers=None, **kw):
+        return real(path, options, providers=[p for p in providers or [] if p != "CUDAExecutionProvider"], **kw)
+
+    monkeypatch.setenv("SERVELAB_THREADS", "2")
+    monkeypatch.delenv("SERVELAB_INFERENCE_WORKERS", raising=False)
+    monkeypatch.setattr(serving, "onnx_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "InferenceSession", cuda_fails_to_load)
+    spec = importlib.util.spec_from_file_location("fastapi_onnx_fallback", paths.REPO_ROOT / "fastapi_onnx" / "app.py")
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    assert app.device == "cpu"
+    assert (app.cores.workers, app.cores.cores) == (2, 2)
+    assert sorted(app.sessions) == [1, 2]
+    assert all(s.get_providers() == ["CPUExecutionProvider"] for s in app.sessions.values())

@@ -15,7 +15,16 @@ import numpy as np
 import pytest
 
 from servelab import perf, procs
-from servelab.triton import ADMIN_KEY_ENV, GRPC_ADMIN_HEADER, load_config, reload_model, stats_delta
+from servelab.triton import (
+    ADMIN_KEY_ENV,
+    GRPC_ADMIN_HEADER,
+    batch_sizes_to_warm,
+    gpu_count,
+    instance_count,
+    load_config,
+    reload_model,
+    stats_delta,
+)
 from servelab.triton.process import _stub_from
 
 httpclient = pytest.importorskip("tritonclient.http")
@@ -32,13 +41,17 @@ def triton(start_triton):
 def test_instance_count_reload_shows_in_config_and_processes(triton):
     assert len(triton.stub_processes("food_classifier")) == 1
     reported = triton.reload_model("food_classifier", {"instance_group": [{"count": 2, "kind": "KIND_GPU"}]})
-    # KIND_GPU is mapped to KIND_CPU here (no GPU), count kept.
-    assert [(g["count"], g["kind"]) for g in reported["instance_group"]] == [(2, "KIND_CPU")]
+    # Without a GPU KIND_GPU is mapped to KIND_CPU, count kept; with GPUs it stays,
+    # two copies on each (no `gpus` listed: every GPU).
+    gpus = gpu_count()
+    assert [(g["count"], g["kind"]) for g in reported["instance_group"]] == [(2, "KIND_GPU" if gpus else "KIND_CPU")]
+    copies = instance_count(reported)
+    assert copies == 2 * max(1, gpus)
     # The reload returns once the replaced instance has exited (Triton answers as
     # soon as the new ones are READY; an old stub exiting during a timed run slows it).
     stubs = triton.stub_processes("food_classifier")
-    assert len(stubs) == 2
-    assert sorted(s.instance for s in stubs) == ["food_classifier_0_0", "food_classifier_0_1"]
+    assert len(stubs) == copies
+    assert sorted(s.instance for s in stubs) == [f"food_classifier_0_{i}" for i in range(copies)]
     # The runtime file says the same as Triton.
     on_disk = load_config(triton.repo / "food_classifier")
     assert on_disk.instance_group[0].count == 2
@@ -117,6 +130,22 @@ def test_an_override_sticks_until_the_files_change(triton):
     reported = triton.reload_model(model)
     assert reported["max_batch_size"] == 16
     assert "dynamic_batching" not in reported  # models_staging has none
+
+
+def test_warm_copies_runs_the_preferred_batch_sizes(triton):
+    """The kit's warm-up (lab.warm_copies) sends each batch size the batcher aims for
+    (every size on a GPU; on the CPU the preferred ones), as whole client batches."""
+    from servelab import lab
+
+    model = "food_classifier_onnx"
+    reported = triton.reload_model(model, {"dynamic_batching": {"preferred_batch_size": [3]}})
+    before = triton.snapshot(model)
+    lab.warm_copies(triton.url, model, reported)
+    delta = stats_delta(before, triton.snapshot(model))
+    assert delta["failures"] == 0
+    assert set(batch_sizes_to_warm(reported)) <= set(delta["batch_histogram"]), delta
+    assert 3 in delta["batch_histogram"]
+    triton.reload_model(model)  # back to models_staging/ (no batching)
 
 
 def test_a_refused_reload_leaves_the_file_as_it_was(triton):
