@@ -5,9 +5,10 @@
 #   nohup sh ~/serve-system-chi/docker/prepare-node.sh > ~/prepare-node.log 2>&1 < /dev/null &
 #
 # It does now, while you finish notebook 2 and read notebook 3, the long downloads and builds that
-# notebooks 3 and 5 would otherwise wait for: the models image and the model files, the FastAPI
-# stack's images, then the Triton server and SDK images and the Triton stack's image. Each step is
-# what those notebooks run themselves; when it is done here, theirs takes seconds.
+# notebooks 3, 4 and 5 would otherwise wait for: the models image and the model files, the FastAPI
+# stack's images (the PyTorch and the ONNX server), then the Triton server and SDK images and the
+# Triton stack's images. Each step is what those notebooks run themselves; when it is done here,
+# theirs takes seconds.
 # Progress: tail -n 5 ~/prepare-node.log
 set -e
 cd ~/serve-system-chi
@@ -18,6 +19,7 @@ docker compose -f ~/serve-system-chi/docker/docker-compose-models.yaml build
 docker compose -f ~/serve-system-chi/docker/docker-compose-models.yaml run --rm models
 echo "== $(date -u +%H:%M:%S) FastAPI stack images (notebook 3)"
 docker compose -f ~/serve-system-chi/docker/docker-compose-fastapi.yaml build
+FASTAPI_APP=fastapi_onnx docker compose -f ~/serve-system-chi/docker/docker-compose-fastapi.yaml build fastapi_server
 echo "== $(date -u +%H:%M:%S) FastAPI part ready"
 
 echo "== $(date -u +%H:%M:%S) Triton server and SDK images (notebook 5)"
