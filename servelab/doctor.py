@@ -63,7 +63,7 @@ from servelab.doctor_base import (  # noqa: F401 (re-exported: tests and noteboo
 )
 
 MIN_COMPOSE = (2, 24, 0)  # the CPU overrides use `!reset` (Compose 2.24+)
-DEFAULT_MIN_FREE_GB = 40.0  # Triton (~15 GB) + SDK (~13 GB) + torch/ORT images (~8 GB)
+DEFAULT_MIN_FREE_GB = 40.0  # Triton + SDK images (24.06's server image: 15.5 GB, server issue 7474) + torch/ORT images
 STACK_PORTS = {  # host ports each Compose stack publishes
     "fastapi": (80, 8000, 8888),
     "triton": (80, 8000, 8001, 8002, 8888),
@@ -349,7 +349,7 @@ def check_images(host: Host, pins: Pins, engine_ok: bool, stacks: Sequence[str] 
                       "once Docker runs, pull before class: " + " && ".join(f"docker pull {i}" for i in images))
     missing = [i for i in images if host.run("docker", "image", "inspect", i)[0] != 0]
     if missing:
-        return Result(name, WARN, f"not pulled yet: {', '.join(missing)} (the first `up` downloads ~13 GB each)",
+        return Result(name, WARN, f"not pulled yet: {', '.join(missing)} (notebook 2 pulls them in the background: tail ~/prepare-node.log; else the first `up` does)",
                       " && ".join(f"docker pull {i}" for i in missing))
     return Result(name, PASS, ", ".join(images) + " pulled")
 
