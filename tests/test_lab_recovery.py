@@ -100,3 +100,66 @@ def test_restore_puts_edited_configs_back_without_git(tmp_path):
     again = subprocess.run([sys.executable, "-S", "-m", "servelab.configs", "restore", "--repository", str(repo)],
                            cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert "nothing to restore" in again.stdout
+
+
+def _run_prepare(tmp_path, fail_on: str | None = None):
+    """docker/prepare-node.sh as on the node: HOME with the kit in ~/serve-system-chi, a stand-in `docker`
+    on PATH that logs its arguments (and fails on ``fail_on``), the real python3 for servelab.compose."""
+    home = tmp_path / "home"
+    kit = home / "serve-system-chi"
+    for part in ("servelab", "docker"):
+        shutil.copytree(paths.REPO_ROOT / part, kit / part, ignore=shutil.ignore_patterns("__pycache__", ".env"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "docker-calls"
+    (bin_dir / "docker").write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        + (f'case "$*" in *{fail_on}*) echo "error: {fail_on} failed" >&2; exit 1;; esac\n' if fail_on else "")
+        + "exit 0\n")
+    (bin_dir / "docker").chmod(0o755)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    env = {"HOME": str(home), "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    log = home / "prepare-node.log"
+    with open(log, "w") as out:
+        rc = subprocess.run(["sh", str(kit / "docker" / "prepare-node.sh")], env=env, stdout=out,
+                            stderr=subprocess.STDOUT, timeout=120).returncode
+    return rc, log, calls.read_text().splitlines(), kit
+
+
+def test_prepare_node_builds_in_the_notebooks_order_and_the_doctor_reads_it(tmp_path):
+    from servelab import doctor
+
+    rc, log, calls, kit = _run_prepare(tmp_path)
+    assert rc == 0, log.read_text()
+    assert [c.split(" -f ")[-1] if " -f " in c else c for c in calls] == [
+        f"{kit}/docker/docker-compose-models.yaml build",
+        f"{kit}/docker/docker-compose-models.yaml run --rm models",
+        f"{kit}/docker/docker-compose-fastapi.yaml build",
+        f"{kit}/docker/docker-compose-fastapi.yaml build fastapi_server",
+        "pull nvcr.io/nvidia/tritonserver:24.10-py3",
+        "pull nvcr.io/nvidia/tritonserver:24.10-py3-sdk",
+        f"{kit}/docker/docker-compose-triton.yaml build",
+    ]
+    env_file = kit / "docker" / ".env"
+    assert "JUPYTER_TOKEN=" in env_file.read_text() and "TRITON_ADMIN_KEY=" in env_file.read_text()
+    assert doctor.check_preparation(log, ("fastapi", "triton")).status == doctor.PASS
+
+
+def test_a_failed_background_step_is_reported_and_the_doctor_says_so(tmp_path):
+    from servelab import doctor
+
+    rc, log, calls, _ = _run_prepare(tmp_path, fail_on="pull")
+    assert rc != 0
+    text = log.read_text()
+    assert "FastAPI part ready" in text and "Triton part ready" not in text
+    assert "stopped with an error (exit 1)" in text.splitlines()[-1]
+    assert not any("triton.yaml build" in c for c in calls), "nothing runs after the failed step"
+    fastapi = doctor.check_preparation(log, ("fastapi",))
+    assert fastapi.status == doctor.WARN and "stopped with an error" in fastapi.detail
+    # still running: the FastAPI part is ready, the Triton part not yet
+    log.write_text("== 08:01:02 FastAPI part ready\n== 08:01:03 Triton server and SDK images (notebook 5)\n")
+    assert doctor.check_preparation(log, ("fastapi",)).status == doctor.PASS
+    triton = doctor.check_preparation(log, ("triton",))
+    assert triton.status == doctor.WARN and "Triton part ready" in triton.fix
+    assert doctor.check_preparation(tmp_path / "none.log", ("triton",)).status == doctor.SKIP

@@ -171,7 +171,7 @@ def test_prepare_node_script_runs_the_notebooks_own_commands():
         elif argv[:2] == ["python3", "-m"]:
             assert argv[2] == "servelab.compose" and argv[3] == "write-env", argv
         else:
-            assert argv[0] in ("set", "cd", "echo"), line
+            assert argv[0] in ("set", "trap", "cd", "echo"), line
     assert MODELS_RUN_TEXT in text
 
 
