@@ -163,3 +163,21 @@ def test_a_failed_background_step_is_reported_and_the_doctor_says_so(tmp_path):
     triton = doctor.check_preparation(log, ("triton",))
     assert triton.status == doctor.WARN and "Triton part ready" in triton.fix
     assert doctor.check_preparation(tmp_path / "none.log", ("triton",)).status == doctor.SKIP
+
+
+@pytest.mark.parametrize("stack", ["fastapi", "triton"])
+def test_the_jupyter_container_sees_the_lease_end_notebook_2_writes(stack):
+    """Notebook 2 writes ~/serve-system-chi/lease-end.txt on the node; the Jupyter container mounts that
+    folder (the compose file's ..) and its servelab reads SERVELAB_ROOT/lease-end.txt."""
+    import yaml
+
+    from servelab import leaseclock
+
+    spec = yaml.safe_load((paths.REPO_ROOT / "docker" / f"docker-compose-{stack}.yaml").read_text())
+    jupyter = spec["services"]["jupyter"]
+    root = jupyter["environment"]["SERVELAB_ROOT"]
+    mounts = [v for v in jupyter["volumes"] if isinstance(v, str) and v.split(":")[1] == root]
+    assert mounts and mounts[0].split(":")[0] == "..", "the kit's folder (docker/..) is mounted at SERVELAB_ROOT"
+    assert leaseclock.LEASE_END_FILE == "lease-end.txt"
+    nb2 = (paths.REPO_ROOT / "notebooks" / "src" / "2_create_server_nvidia.md").read_text()
+    assert "> ~/{KIT_DIR}/lease-end.txt" in nb2
