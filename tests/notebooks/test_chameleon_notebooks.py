@@ -460,6 +460,13 @@ def test_the_strict_fake_refuses_unknown_commands_and_unreachable_clones(tmp_pat
     out, err, code = node.run("git clone https://example.invalid/x.git ~/kit")
     assert code == 128 and "not found" in err
     assert node.run("ls ~/kit")[2] == 2
+    # the background builds need Docker and the kit's script; the lease's end needs the kit's folder
+    prepare = "nohup sh ~/serve-system-chi/docker/prepare-node.sh > ~/prepare-node.log 2>&1 < /dev/null &"
+    assert node.run(prepare)[2] == 127
+    node.flags["docker"] = True
+    assert node.run(prepare)[2] == 2 and st["prepared"] == []
+    assert node.run("echo 2026-11-26T10:55:00Z > ~/serve-system-chi/lease-end.txt")[2] == 2
+    assert node.run("echo 2026-11-26T10:55:00Z > ~/lease-end.txt; rm -rf ~")[2] == 127
 
 
 def test_kit_archive_holds_the_tracked_files_only(tmp_path):
