@@ -59,6 +59,7 @@ KIT_ARCHIVE = f"{KIT_DIR}.tar.gz"  # what `make kit-archive` writes (under dist/
 # secrets, caches and the generated model files (rebuilt on the node).
 PACK_EXCLUDE = (
     ".git", ".git/*", ".venv", ".venv/*", "build/*", "dist/*", "results/*", "docker/.env", ".env",
+    "lease-end.txt",
     "*/__pycache__/*", "__pycache__/*", "*.pyc", "*/.ipynb_checkpoints/*", ".ipynb_checkpoints/*",
     ".pytest_cache/*", ".hypothesis/*", "*.egg-info/*", "*.tar.gz",
     "fastapi_pt/food11.pth*", "fastapi_onnx/food11.onnx*",

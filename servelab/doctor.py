@@ -14,7 +14,8 @@ anything that is not a pass, and exits 1 when any check FAILs:
   requirements files themselves;
 * the stack's host ports free, disk space for the images;
 * model artifacts built (and loadable by Triton 24.10's ONNX Runtime);
-* the Triton image tags pinned and pulled; docker/.env holding the secrets.
+* the Triton image tags pinned and pulled; docker/.env holding the secrets;
+* how far notebook 2's background builds and pulls got (``~/prepare-node.log``).
 
 Every probe goes through a :class:`Host` (a PATH, a command runner, a root
 for /proc files), so the tests drive each check both ways with stand-in
@@ -63,7 +64,7 @@ from servelab.doctor_base import (  # noqa: F401 (re-exported: tests and noteboo
 )
 
 MIN_COMPOSE = (2, 24, 0)  # the CPU overrides use `!reset` (Compose 2.24+)
-DEFAULT_MIN_FREE_GB = 40.0  # Triton (~15 GB) + SDK (~13 GB) + torch/ORT images (~8 GB)
+DEFAULT_MIN_FREE_GB = 40.0  # Triton + SDK images (24.06's server image: 15.5 GB, server issue 7474) + torch/ORT images
 STACK_PORTS = {  # host ports each Compose stack publishes
     "fastapi": (80, 8000, 8888),
     "triton": (80, 8000, 8001, 8002, 8888),
@@ -349,9 +350,34 @@ def check_images(host: Host, pins: Pins, engine_ok: bool, stacks: Sequence[str] 
                       "once Docker runs, pull before class: " + " && ".join(f"docker pull {i}" for i in images))
     missing = [i for i in images if host.run("docker", "image", "inspect", i)[0] != 0]
     if missing:
-        return Result(name, WARN, f"not pulled yet: {', '.join(missing)} (the first `up` downloads ~13 GB each)",
+        return Result(name, WARN, f"not pulled yet: {', '.join(missing)} (notebook 2 pulls them in the background: tail ~/prepare-node.log; else the first `up` does)",
                       " && ".join(f"docker pull {i}" for i in missing))
     return Result(name, PASS, ", ".join(images) + " pulled")
+
+
+PREPARE_LOG = "prepare-node.log"  # in the cc user's home: docker/prepare-node.sh's progress (notebook 2)
+PREPARE_READY = {"fastapi": "FastAPI part ready", "triton": "Triton part ready"}
+PREPARE_FAILED = "stopped with an error"
+
+
+def check_preparation(log: Path, stacks: Sequence[str]) -> Result:
+    """How far notebook 2's background builds and pulls (docker/prepare-node.sh) got for these stacks."""
+    name = "Background builds (notebook 2)"
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return Result(name, SKIP, f"no {log}: notebook 2 did not start them here; the stack's own commands "
+                                  "build and pull everything")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if PREPARE_FAILED in text:
+        return Result(name, WARN, lines[-1][:160],
+                      f"the notebooks' own commands redo the step that failed; its error: tail -n 20 {log}")
+    missing = [PREPARE_READY[s] for s in stacks if PREPARE_READY[s] not in text]
+    if not missing:
+        return Result(name, PASS, ", ".join(PREPARE_READY[s] for s in stacks))
+    return Result(name, WARN, f"still running: {lines[-1][:120] if lines else 'just started'}",
+                  f"wait for '{missing[0]}' (tail -f {log}); the commands below would download the same "
+                  "files again in parallel")
 
 
 def check_env_file(env_file: Path) -> Result:
@@ -371,7 +397,8 @@ def check_env_file(env_file: Path) -> Result:
 
 def run_checks(host: Host | None = None, repo: Path | None = None, cpu: bool = False,
                stacks: Sequence[str] = ("fastapi", "triton"), min_free_gb: float = DEFAULT_MIN_FREE_GB,
-               env_file: Path | None = None, ports: Iterable[int] | None = None) -> list[Result]:
+               env_file: Path | None = None, ports: Iterable[int] | None = None,
+               prepare_log: Path | None = None) -> list[Result]:
     host = host or Host()
     repo = Path(repo or paths.REPO_ROOT)
     env_file = env_file or repo / "docker" / ".env"
@@ -387,6 +414,8 @@ def run_checks(host: Host | None = None, repo: Path | None = None, cpu: bool = F
     results.append(check_onnx_compat(repo, stacks))
     results.append(check_images(host, pins, engine_ok, stacks))
     results.append(check_env_file(env_file))
+    if prepare_log is not None:
+        results.append(check_preparation(prepare_log, stacks))
     return results
 
 
@@ -433,7 +462,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         print(f"{target}: " + (f"generated {', '.join(made)}" if made else "secrets already set"))
     stacks = ("fastapi", "triton") if args.stack == "all" else (args.stack,)
     results = run_checks(repo=Path(args.repo) if args.repo else None, cpu=args.cpu, stacks=stacks,
-                         min_free_gb=args.min_free_gb, env_file=env_file)
+                         min_free_gb=args.min_free_gb, env_file=env_file, prepare_log=Path.home() / PREPARE_LOG)
     mode = "CPU-only Docker host" if args.cpu else "GPU node"
     print(f"servelab doctor: pre-flight for the Compose stacks ({mode}, stack: {args.stack})\n")
     print(format_table(results))

@@ -12,7 +12,9 @@ It writes ``results/<notebook>-<time>/`` with
 * ``figures.json``: the measurements the notebook's variables hold;
 * ``README.txt``: when, where (host, Triton/FastAPI URLs) and what is inside;
 
-and packs that folder into ``results/<notebook>-<time>.zip`` to upload.
+and packs that folder into ``results/<notebook>-<time>.zip`` to upload, then says
+how to get the zip off the machine now (:func:`where_to_fetch`): on Chameleon
+the node's disk goes with the lease.
 ``SERVELAB_RESULTS_DIR`` moves ``results/`` elsewhere.
 """
 
@@ -94,4 +96,34 @@ def save(notebook: str, figures: dict | None = None, notebook_dir: Path | None =
         print(f"  ✘ {source.name} on disk has no outputs yet: save the notebook (Ctrl+S), then run this cell again")
     else:
         print(f"  {source.name}: {outputs} cell output(s), as saved {_dt.datetime.fromtimestamp(source.stat().st_mtime):%H:%M:%S}")
+    for line in where_to_fetch(archive):
+        print(line)
     return archive
+
+
+def where_to_fetch(archive: Path, root: Path | None = None) -> list[str]:
+    """How to get the zip off this machine now, with its exact path.
+
+    On Chameleon the Jupyter container's file browser starts at the kit's folder
+    (mounted from ``~/serve-system-chi`` on the node), and the node's disk goes
+    with the lease: the student downloads the zip at once, or copies results/ to
+    Chameleon Jupyter with 7_delete_resources' copy cell, which deletes nothing."""
+    from servelab import chameleon, leaseclock
+
+    root = Path(root or paths.REPO_ROOT).resolve()
+    try:
+        rel = Path(archive).resolve().relative_to(root)
+    except ValueError:
+        return [f"download it now: {Path(archive).resolve()}"]
+    lines = [f"download it now: in JupyterLab's file browser open {rel.parent.as_posix()}/, "
+             f"right-click {rel.name} > Download"]
+    try:
+        clock, left = leaseclock.message(root)
+    except ValueError:
+        clock, left = "", None
+    if left is not None:  # on the lease's node
+        lines.append(f"  on node-serve-system: ~/{chameleon.KIT_DIR}/{rel.as_posix()}. It goes with the node when the "
+                     "lease ends; in Chameleon Jupyter, 7_delete_resources' first two cells ('Copy your work back') "
+                     "copy every results/ zip there, any time, and delete nothing.")
+        lines.append("  " + clock)
+    return lines

@@ -110,30 +110,53 @@ def warm_batches(triton_url: str, model: str, config: dict) -> None:
             bench.warm(bench.triton_target(triton_url, model, batch=size), requests=2 * copies, concurrency=copies)
 
 
-def wait_for_backend(url: str, backend: str, timeout_s: float = 900.0, poll_s: float = 5.0,
+# How the learner makes the one FastAPI server on Chameleon serve each backend (notebook 4),
+# typed on node-serve-system. The ONNX image is built ahead by docker/prepare-node.sh.
+FASTAPI_STACK = "~/serve-system-chi/docker/docker-compose-fastapi.yaml"
+SWAP_TO = {
+    "pytorch": f"docker compose -f {FASTAPI_STACK} up -d fastapi_server",
+    "onnxruntime": f"FASTAPI_APP=fastapi_onnx docker compose -f {FASTAPI_STACK} up -d --build fastapi_server",
+}
+
+
+def _health(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=5) as r:
+            return json.load(r)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def wait_for_backend(url: str, backend: str, timeout_s: float = 300.0, poll_s: float = 5.0,
                      hint: str = "") -> dict:
     """Poll ``url``/health until the server reports ``backend``; return its health JSON.
 
-    Used when the learner swaps the FastAPI container (PyTorch -> ONNX) on the
-    GPU host while the notebook waits.
+    Used when the learner swaps the FastAPI container (PyTorch <-> ONNX) on the
+    GPU host while the notebook waits. It says at once what it waits for and
+    what the server serves now, with the command that swaps it; after
+    ``timeout_s`` (5 minutes) it gives up with that command, instead of waiting
+    silently.
     """
     deadline = time.monotonic() + timeout_s
-    told = False
-    last = None
+    swap = f"On Chameleon, run on node-serve-system: {SWAP_TO[backend]}" if backend in SWAP_TO else ""
+    hint = hint or swap
+    told = None
     while True:
-        try:
-            with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=5) as r:
-                last = json.load(r)
-            if last.get("backend") == backend:
-                return last
-        except (urllib.error.URLError, OSError, ValueError):
-            last = None
-        if not told:
-            now = last.get("backend") if last else "no answer"
-            print(f"waiting for {url} to serve {backend} (now: {now}). {hint}".rstrip(), flush=True)
-            told = True
+        last = _health(url)
+        now = (last or {}).get("backend") or "no answer"
+        if last and now == backend:
+            if told is not None:
+                print(f"{url} serves {backend} now.", flush=True)
+            return last
+        if now != told:  # say it again only when what the server answers changes
+            print(f"waiting up to {timeout_s / 60:.0f} min for {url}/health to report backend {backend!r} "
+                  f"(it says: {now}). {hint}".rstrip(), flush=True)
+            told = now
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{url} did not start serving {backend} within {timeout_s:.0f} s")
+            raise TimeoutError(
+                f"{url} did not serve {backend} within {timeout_s / 60:.0f} min (last answer: {now}). {hint} "
+                "If the container is still building or loading its model (docker logs fastapi_server), "
+                "run this cell again.".replace("  ", " "))
         time.sleep(poll_s)
 
 

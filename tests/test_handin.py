@@ -42,3 +42,25 @@ def test_save_warns_when_the_notebook_was_not_saved(tmp_path, monkeypatch, capsy
     assert "no outputs yet: save the notebook" in capsys.readouterr().out
     handin.save("5_missing", {}, notebook_dir=tmp_path)
     assert "not found" in capsys.readouterr().out
+
+
+def test_save_says_how_to_fetch_the_zip_before_the_lease_ends(tmp_path, monkeypatch, capsys):
+    """On the node (lease-end.txt in the kit's folder): the file-browser path, the node path, the copy cell
+    of notebook 7 and the lease clock; locally, only the file-browser path."""
+    from servelab import leaseclock
+
+    kit = tmp_path / "serve-system-chi"
+    monkeypatch.setenv("SERVELAB_RESULTS_DIR", str(kit / "results"))
+    _notebook(tmp_path / "4_fastapi.ipynb", outputs=1)
+    archive = handin.save("4_fastapi", {}, notebook_dir=tmp_path)
+    lines = handin.where_to_fetch(archive, root=kit)
+    assert lines == [f"download it now: in JupyterLab's file browser open results/, right-click {archive.name} > Download"]
+    capsys.readouterr()
+
+    end = dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=25)
+    (kit / leaseclock.LEASE_END_FILE).write_text(end.strftime(leaseclock.STAMP) + "\n")
+    lines = handin.where_to_fetch(archive, root=kit)
+    assert f"~/serve-system-chi/results/{archive.name}" in lines[1] and "Copy your work back" in lines[1]
+    assert lines[2].lstrip().startswith("⚠ lease clock:")
+    outside = handin.where_to_fetch(tmp_path / "elsewhere.zip", root=kit)
+    assert outside == [f"download it now: {(tmp_path / 'elsewhere.zip').resolve()}"]

@@ -13,11 +13,14 @@ that several notebooks, each in its own kernel, see the same leases, servers
 and floating IPs, and the test reads back every call made. Each fake method
 has the signature of the real client method it stands for, and behaves like
 the service where the lab depends on it: a lease starts PENDING and becomes
-ACTIVE, a server is BUILD then ACTIVE, a bare-metal server needs an active
+ACTIVE, a server is BUILD then ACTIVE (or ERROR, for as many deploys as a
+test sets in ``failed_deploys``), a bare-metal server needs an active
 node reservation, a lease stays PENDING until its start time, deleting a
 server leaves its floating IP allocated,
 the raw ``conn.network.delete(<id>)`` python-chi sends from ``Server.delete``
-releases nothing, SSH only reaches an ACTIVE server's floating IP. On the
+releases nothing, SSH only reaches an ACTIVE server's floating IP, a lease
+is prolonged only up to the start of the next reservation of its node
+(``node_reserved_from``, set by a test), or refused. On the
 node (:class:`FakeNode`), commands the lab does not send fail (exit 127),
 ``git clone`` works only for URLs a test marked reachable, and uploads,
 archives and the unpacked kit are real files in a folder beside the state.
@@ -96,8 +99,9 @@ class Cloud:
         return {"leases": {}, "servers": {}, "floatingips": {}, "ports": {}, "keypairs": {},
                 "calls": [], "ssh": [], "cloned": [], "next_ip": 10,
                 # the node: flags for what is installed; files live in node_home
-                "node": {}, "uploads": [], "downloads": [], "unpacked": [], "pulls": [],
-                "reachable_repos": []}
+                "node": {}, "uploads": [], "downloads": [], "unpacked": [],
+                "reachable_repos": [], "failed_deploys": 0, "node_reserved_from": None,
+                "prepared": []}
 
     def load(self) -> dict:
         if not self.path.exists():
@@ -127,6 +131,23 @@ class Cloud:
                                 "kwargs": json.loads(json.dumps(kwargs, default=str))})
 
     # Seeding helpers for tests ------------------------------------------------
+
+    def fail_next_deploys(self, count: int = 1) -> None:
+        """The next ``count`` servers end their BUILD in ERROR (a failed bare-metal deploy)."""
+        with self.state() as st:
+            st["failed_deploys"] = count
+
+    def reserve_node_from(self, start: datetime) -> None:
+        """Another lease holds the node from ``start`` (naive UTC): no extension past it."""
+        with self.state() as st:
+            st["node_reserved_from"] = _blazar_date(start)
+
+    def shorten_lease(self, name: str, minutes_left: float) -> None:
+        """Move a lease's end so that ``minutes_left`` remain (a lease about to end)."""
+        with self.state() as st:
+            for lease in st["leases"].values():
+                if lease["name"] == name:
+                    lease["end_date"] = _blazar_date(_now() + timedelta(minutes=minutes_left))
 
     def seed_lease(self, name: str, status: str, user_id: str = USER_ID, hours_ago: float = 0.0) -> dict:
         start = _now() - timedelta(hours=hours_ago)
@@ -195,6 +216,30 @@ class FakeLeaseManager:
                 for r in lease["reservations"]:
                     r["status"] = "active"
             return lease
+
+    def update(self, lease_id, name=None, prolong_for=None, reduce_by=None, end_date=None, advance_by=None,
+               defer_by=None, start_date=None, reservations=None):
+        """Only what the lab sends: prolong an active lease (Blazar's ``prolong_for``, e.g. "1h")."""
+        from blazarclient import utils as blazar_utils
+
+        self.cloud.record("blazar", "lease.update", lease_id, prolong_for=prolong_for)
+        if not prolong_for or any((name, reduce_by, end_date, advance_by, defer_by, start_date, reservations)):
+            raise FakeServiceError("the fake Blazar only prolongs leases (prolong_for)")
+        delta = blazar_utils.from_elapsed_time_to_delta(prolong_for)  # raises on a bad form, like the client
+        with self.cloud.state() as st:
+            lease = st["leases"].get(lease_id)
+            if lease is None:
+                raise _blazar_error(f"Object with {{'lease_id': '{lease_id}'}} not found", 404)
+            if lease["status"] != "ACTIVE":
+                raise _blazar_error(f"Lease {lease_id} is {lease['status']}: only an active lease can be extended.",
+                                    409)
+            end = datetime.strptime(lease["end_date"], "%Y-%m-%dT%H:%M:%S.%f") + delta
+            taken = st.get("node_reserved_from")
+            if taken and end > datetime.strptime(taken, "%Y-%m-%dT%H:%M:%S.%f"):
+                raise _blazar_error("Not enough hosts available: the node is reserved by another lease from "
+                                    f"{taken[:16]}.", 409)
+            lease["end_date"] = _blazar_date(end)
+            return dict(lease)
 
     def list(self, sort_by=None):
         self.cloud.record("blazar", "lease.list")
@@ -267,7 +312,10 @@ class FakeServers:
             if data["status"] == "BUILD":
                 data["polls"] += 1
                 if data["polls"] > SERVER_BUILD_POLLS:
-                    data["status"] = "ACTIVE"
+                    failed = st.get("failed_deploys", 0) > 0
+                    if failed:  # the bare-metal deploy failed: Nova says ERROR, for good
+                        st["failed_deploys"] -= 1
+                    data["status"] = "ERROR" if failed else "ACTIVE"
             return FakeNovaServer(data)
 
     def list(self, detailed=True, search_opts=None, marker=None, limit=None, sort_keys=None, sort_dirs=None):
@@ -868,11 +916,22 @@ class FakeNode:
     def _cgroup_driver(self, m):
         return self._docker_needed() or (("cgroupfs" if self.flags.get("cgroupfs") else "systemd") + "\n", "", 0)
 
-    def _pull_background(self, m):
+    def _prepare(self, m):
+        """docker/prepare-node.sh in the background: needs Docker, the kit and the script in it."""
         missing = self._docker_needed()
         if missing:
             return missing
-        self.st["pulls"].append(m["images"].split())
+        script = _node_path(self.home, m["script"])
+        if not script.is_file():
+            return "", f"sh: 0: cannot open {m['script']}: No such file", 2
+        self.st["prepared"].append(m["script"])
+        return "", "", 0
+
+    def _echo_to(self, m):
+        target = _node_path(self.home, m["path"])
+        if not target.parent.is_dir():
+            return "", f"sh: 1: cannot create {m['path']}: Directory nonexistent", 2
+        target.write_text(m["text"] + "\n")
         return "", "", 0
 
     def _smi_query(self, m):
@@ -922,8 +981,9 @@ FakeNode.RULES = [(__import__("re").compile(pattern), handler) for pattern, hand
      r"> /tmp/daemon\.json && sudo mv /tmp/daemon\.json /etc/docker/daemon\.json && sudo systemctl restart docker",
      FakeNode._cgroupfs),
     (r"docker info --format '\{\{\.CgroupDriver\}\}'", FakeNode._cgroup_driver),
-    (r"nohup sh -c 'for i in (?P<images>[\w./:\- ]+); do docker pull \$i; done' > ~/image-pulls\.log 2>&1 "
-     r"< /dev/null &", FakeNode._pull_background),
+    (r"nohup sh (?P<script>~/[\w.\-]+/docker/prepare-node\.sh) > ~/prepare-node\.log 2>&1 < /dev/null &",
+     FakeNode._prepare),
+    (r"echo (?P<text>[\w:.\-]+) > (?P<path>~/[\w.\-/]+)", FakeNode._echo_to),
     (r"sudo apt-get install -y -q nvtop", FakeNode._flag(None, "nvtop")),
     (r"nvidia-smi --query-gpu=index,name,memory\.total,driver_version --format=csv,noheader", FakeNode._smi_query),
     (r"docker run --rm --gpus all ubuntu:24\.04 nvidia-smi -L", FakeNode._docker_gpus),

@@ -177,7 +177,8 @@ def test_2_create_server_on_the_reservation_with_the_cuda_image(site):
     text = notebook_text(nb)
     assert "OK: both Tesla P100 GPUs are visible." in text
     assert "containers see 2 GPUs" in text
-    assert f"ssh cc@{fip['floating_ip_address']}" in text
+    assert f"ssh -i {site['env']['OS_KEYPAIR_PRIVATE_KEY']} cc@{fip['floating_ip_address']}" in text
+    assert "server status: ACTIVE" in text and "is in ERROR" not in text
     assert "Connection successful" in text
 
 
@@ -190,7 +191,9 @@ def test_2_uploads_and_unpacks_the_kit_without_a_repository_url(site):
     kit = site["cloud"].node_home / chameleon.KIT_DIR
     tracked = set(_git_ls_files())
     on_node = {p.relative_to(kit).as_posix() for p in kit.rglob("*") if p.is_file()}
-    assert on_node == tracked, (sorted(on_node - tracked)[:5], sorted(tracked - on_node)[:5])
+    # besides the kit's files, only what notebook 2 writes there: the lease's end (never packed)
+    assert on_node == tracked | {"lease-end.txt"}, (sorted(on_node - tracked)[:5], sorted(tracked - on_node)[:5])
+    assert "lease-end.txt" not in tracked and chameleon._excluded("lease-end.txt")
     assert (kit / "docker" / "docker-compose-fastapi.yaml").read_bytes() == \
         (REPO_ROOT / "docker" / "docker-compose-fastapi.yaml").read_bytes()
     assert not (site["cloud"].node_home / f"{chameleon.KIT_DIR}.tar.gz").exists(), "the archive is removed"
@@ -205,9 +208,18 @@ def test_2_configures_docker_for_the_gpus_and_starts_the_pulls(site):
     assert node["cgroupfs"], "daemon.json exec-opts native.cgroupdriver=cgroupfs (toolkit issue 48)"
     commands = [c["command"] for c in state["ssh"]]
     restart = next(i for i, c in enumerate(commands) if "cgroupdriver=cgroupfs" in c)
-    pull = next(i for i, c in enumerate(commands) if "docker pull" in c)
-    assert restart < pull, "pulls start after Docker's last restart (a restart would abort them)"
-    assert state["pulls"] == [["nvcr.io/nvidia/tritonserver:24.10-py3", "nvcr.io/nvidia/tritonserver:24.10-py3-sdk"]]
+    prepare = next(i for i, c in enumerate(commands) if "prepare-node.sh" in c)
+    assert restart < prepare, "pulls and builds start after Docker's last restart (a restart would abort them)"
+    assert state["prepared"] == [f"~/{chameleon.KIT_DIR}/docker/prepare-node.sh"]
+    # The background script pulls the pinned Triton images and builds what notebooks 3 and 5 start.
+    script = (REPO_ROOT / "docker" / "prepare-node.sh").read_text()
+    for needed in ("docker pull nvcr.io/nvidia/tritonserver:24.10-py3\n",
+                   "docker pull nvcr.io/nvidia/tritonserver:24.10-py3-sdk\n",
+                   "docker-compose-models.yaml run --rm models", "docker-compose-fastapi.yaml build",
+                   "docker-compose-triton.yaml build"):
+        assert needed in script, needed
+    assert script.index("docker-compose-fastapi.yaml build") < script.index("docker pull"), \
+        "the FastAPI part, needed first, is built before the Triton downloads"
     assert "Docker's cgroup driver: cgroupfs (OK)" in notebook_text(site["runs"]["2_create_server_nvidia"][-1])
 
 
@@ -297,7 +309,9 @@ def test_1_a_later_start_is_submitted_pending_without_waiting(tmp_path):
     state = site["cloud"].load()
     (create,) = _calls(state, "blazar", "lease.create")
     assert create["kwargs"]["start"] == start.strftime("%Y-%m-%d %H:%M")
-    assert create["kwargs"]["end"] == (start + timedelta(hours=chameleon.LEASE_HOURS)).strftime("%Y-%m-%d %H:%M")
+    # ends 5 minutes before the hour (the earlier lab's rule against back-to-back leases colliding)
+    end = start + timedelta(hours=chameleon.LEASE_HOURS, minutes=-5)
+    assert create["kwargs"]["end"] == end.strftime("%Y-%m-%d %H:%M") and end.minute == 55
     (mine,) = state["leases"].values()
     assert mine["status"] == "PENDING", "the fake keeps a lease PENDING until its start"
     text = notebook_text(nb)
@@ -335,6 +349,108 @@ def test_2_unreachable_repository_url_fails_clearly_then_a_reachable_one_clones(
     assert (site["cloud"].node_home / chameleon.KIT_DIR / "docker" / "docker-compose-triton.yaml").is_file()
 
 
+def _node_clock(site) -> str:
+    """`cd ~/serve-system-chi && python3 -m servelab.leaseclock` on the node: the node's own copy of the kit,
+    standard library only (-S: no site-packages)."""
+    kit = site["cloud"].node_home / chameleon.KIT_DIR
+    env = {k: v for k, v in site["env"].items() if k not in ("PYTHONPATH", "SERVELAB_ROOT")}
+    out = subprocess.run([sys.executable, "-S", "-m", "servelab.leaseclock"], cwd=kit, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_timeline_error_server_then_a_lease_about_to_end(tmp_path):
+    """Notebooks 1 -> 2 -> 7 on the strict fake, along the usual faults: the first bare-metal deploy ends in
+    ERROR (notebook 2 deletes only the server and starts it again); the lease clock on the node; the lease
+    about to end, an extension the site refuses (the node is reserved next), then one it grants."""
+    site = _make_site(tmp_path)
+    cloud = site["cloud"]
+    _run(site, "1_create_lease")
+    cloud.fail_next_deploys(1)
+    nb2 = _run(site, "2_create_server_nvidia")
+    state = cloud.load()
+    text = notebook_text(nb2)
+    print("\n--- notebook 2, the ERROR path ---")
+    print("\n".join(line for line in text.splitlines()
+                    if "ERROR" in line or line.startswith(("server status", "lease ends"))))
+
+    creates = _calls(state, "sdk", "compute.create_server")
+    deletes = _calls(state, "nova", "servers.delete")
+    assert len(creates) == 2 and len(deletes) == 1, "one failed deploy: delete it, create once more"
+    first_id = deletes[0]["args"][0]
+    (server,) = state["servers"].values()
+    assert server["id"] != first_id and server["status"] == "ACTIVE"
+    order = [c["method"] for c in state["calls"] if c["method"] in ("compute.create_server", "servers.delete")]
+    assert order == ["compute.create_server", "servers.delete", "compute.create_server"]
+    assert f"node-serve-system-{USER} is in ERROR: deleting only the server" in text
+    assert "server status: ACTIVE" in text
+    # Only the server went: the lease is the same, one floating IP, never a raw network delete.
+    (mine,) = [x for x in state["leases"].values() if x["name"] == f"serve-system-{USER}"]
+    assert mine["status"] == "ACTIVE" and _calls(state, "blazar", "lease.delete") == []
+    assert len(state["floatingips"]) == 1 and _calls(state, "sdk", "network.delete") == []
+    assert [c["command"] for c in state["ssh"] if c["exited"] != 0] == []
+
+    # The lease clock where the student works: the end time on the node, read with the node's python3.
+    kit = cloud.node_home / chameleon.KIT_DIR
+    end = datetime.strptime(mine["end_date"], "%Y-%m-%dT%H:%M:%S.%f")
+    assert (kit / "lease-end.txt").read_text() == f"{end:%Y-%m-%dT%H:%M:%S}Z\n"
+    clock = _node_clock(site)
+    print("--- lease clock on the node, after notebook 2 ---\n" + clock)
+    assert clock.startswith("lease clock: ") and f"the lease ends at {end:%H:%M} UTC" in clock
+    left = int(clock.split("lease clock: ")[1].split()[0])
+    assert 175 <= left <= 180
+    assert "minutes left" in text
+
+    # The lease about to end; the node is reserved by someone else 40 minutes from now.
+    cloud.shorten_lease(chameleon.lease_name(USER), 20)
+    cloud.reserve_node_from(datetime.now(timezone.utc).replace(tzinfo=None) + timedelta(minutes=40))
+    refused = _run_edited(site, "2_create_server_nvidia", 'EXTEND_BY = None', 'EXTEND_BY = "1h"')
+    refused_text = notebook_text(refused)
+    clock = _node_clock(site)
+    print("--- extension refused; the clock on the node ---")
+    print(next(line for line in refused_text.splitlines() if line.startswith("Chameleon did not extend")))
+    print(clock)
+    assert "Chameleon did not extend the lease: Not enough hosts available" in refused_text
+    assert clock.startswith("⚠ lease clock: ") and "Save your work now" in clock
+    assert 18 <= int(clock.split("lease clock: ")[1].split()[0]) <= 20
+
+    # The node is free after all: the extension is granted and the clock follows.
+    with cloud.state() as st:
+        st["node_reserved_from"] = None
+    granted = _run_edited(site, "2_create_server_nvidia", 'EXTEND_BY = None', 'EXTEND_BY = "1h"')
+    assert "extended by 1h" in notebook_text(granted)
+    clock = _node_clock(site)
+    print("--- extension granted; the clock on the node ---\n" + clock)
+    assert clock.startswith("lease clock: ") and 78 <= int(clock.split("lease clock: ")[1].split()[0]) <= 80
+    state = cloud.load()
+    assert [c["kwargs"]["prolong_for"] for c in _calls(state, "blazar", "lease.update")] == ["1h", "1h"]
+    assert len(_calls(state, "sdk", "compute.create_server")) == 2, "re-runs reuse the server"
+
+    nb7 = _run(site, "7_delete_resources")
+    state = cloud.load()
+    assert state["servers"] == {} and state["floatingips"] == {} and state["leases"] == {}
+    assert "server left: False" in notebook_text(nb7)
+
+
+def test_the_lease_clock_without_a_lease_passes(tmp_path):
+    """Locally (no lease-end.txt) the clock says so and returns None; a bad file is a clear error."""
+    from servelab import leaseclock
+
+    text, left = leaseclock.message(tmp_path)
+    assert left is None and "no lease recorded here" in text
+    now = datetime(2026, 11, 26, 8, 0, tzinfo=timezone.utc)
+    (tmp_path / leaseclock.LEASE_END_FILE).write_text("2026-11-26T08:29:00Z\n")
+    text, left = leaseclock.message(tmp_path, now)
+    assert left == 29 and text.startswith("⚠") and "08:29 UTC" in text
+    (tmp_path / leaseclock.LEASE_END_FILE).write_text("2026-11-26T07:50:00Z\n")
+    text, left = leaseclock.message(tmp_path, now)
+    assert left == -10 and text.startswith("✘") and "1_create_lease" in text
+    (tmp_path / leaseclock.LEASE_END_FILE).write_text("tomorrow\n")
+    with pytest.raises(ValueError, match="2_create_server_nvidia"):
+        leaseclock.message(tmp_path, now)
+
+
 def test_the_strict_fake_refuses_unknown_commands_and_unreachable_clones(tmp_path):
     cloud = fake.Cloud(tmp_path / "cloud.json")
     st = cloud.load()
@@ -344,6 +460,13 @@ def test_the_strict_fake_refuses_unknown_commands_and_unreachable_clones(tmp_pat
     out, err, code = node.run("git clone https://example.invalid/x.git ~/kit")
     assert code == 128 and "not found" in err
     assert node.run("ls ~/kit")[2] == 2
+    # the background builds need Docker and the kit's script; the lease's end needs the kit's folder
+    prepare = "nohup sh ~/serve-system-chi/docker/prepare-node.sh > ~/prepare-node.log 2>&1 < /dev/null &"
+    assert node.run(prepare)[2] == 127
+    node.flags["docker"] = True
+    assert node.run(prepare)[2] == 2 and st["prepared"] == []
+    assert node.run("echo 2026-11-26T10:55:00Z > ~/serve-system-chi/lease-end.txt")[2] == 2
+    assert node.run("echo 2026-11-26T10:55:00Z > ~/lease-end.txt; rm -rf ~")[2] == 127
 
 
 def test_kit_archive_holds_the_tracked_files_only(tmp_path):

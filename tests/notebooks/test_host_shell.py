@@ -134,6 +134,47 @@ def _check_compose_command(argv: list[str], env_vars: list[str]) -> list[Path]:
     return files
 
 
+# What the node's own python3 runs (standard library only; see test_node_modules_need_only_the_standard_library).
+NODE_MODULES = ("servelab.doctor", "servelab.leaseclock", "servelab.configs")
+
+
+@pytest.mark.parametrize("module", NODE_MODULES)
+def test_node_modules_need_only_the_standard_library(module, tmp_path):
+    """Run as on the node: `python3 -S` (no site-packages), no PYTHONPATH, from the kit's folder."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SERVELAB_ROOT")}
+    out = subprocess.run([sys.executable, "-S", "-m", module, "--help"], cwd=REPO_ROOT, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_prepare_node_script_runs_the_notebooks_own_commands():
+    """docker/prepare-node.sh (started by notebook 2) names compose files, services and images that exist."""
+    text = (REPO_ROOT / "docker" / "prepare-node.sh").read_text()
+    pins = (REPO_ROOT / "docker" / "Dockerfile.triton").read_text()
+    for line in text.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        argv = shlex.split(line)
+        env_vars = []
+        while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", argv[0]):
+            env_vars.append(argv.pop(0).split("=", 1)[0])
+        if argv[:2] == ["docker", "compose"]:
+            _check_compose_command(argv, env_vars)
+        elif argv[:2] == ["docker", "pull"]:
+            assert argv[2].startswith("nvcr.io/nvidia/tritonserver:24.10-py3"), argv
+            assert argv[2].split("-sdk")[0] in pins
+        elif argv[:2] == ["python3", "-m"]:
+            assert argv[2] == "servelab.compose" and argv[3] == "write-env", argv
+        else:
+            assert argv[0] in ("set", "trap", "cd", "echo"), line
+    assert MODELS_RUN_TEXT in text
+
+
 @pytest.mark.parametrize("name", SHELL_NOTEBOOKS)
 def test_host_commands_name_things_that_exist(name):
     commands = node_commands(name)
@@ -158,9 +199,9 @@ def test_host_commands_name_things_that_exist(name):
             for target in argv[1:]:
                 assert target in _make_targets(), f"make {target}: no such target"
         elif "python" in argv[0] and "-m" in argv[:3]:
-            # No venv on the node: only the standard-library doctor runs on the node's own python3.
-            assert argv[:3] == ["python3", "-m", "servelab.doctor"], " ".join(argv)
-            _check_servelab_command(["doctor", *argv[3:]])
+            # No venv on the node: only the kit's standard-library modules run on the node's own python3.
+            assert argv[:2] == ["python3", "-m"] and argv[2] in NODE_MODULES, " ".join(argv)
+            _check_servelab_command([argv[2].split(".", 1)[1], *argv[3:]])
     if name in ("3_fastapi_setup", "5_triton_setup"):
         stack = "fastapi" if name.startswith("3") else "triton"
         assert compose_file(f"{KIT_ON_NODE}/docker/docker-compose-{stack}.yaml") in files_used
@@ -168,6 +209,7 @@ def test_host_commands_name_things_that_exist(name):
 
 NODE_NOTEBOOKS = ("2_create_server_nvidia", "3_fastapi_setup", "4_fastapi", "5_triton_setup", "6_triton")
 MODELS_RUN = ["docker", "compose", "-f", f"{KIT_ON_NODE}/docker/docker-compose-models.yaml", "run", "--rm", "models"]
+MODELS_RUN_TEXT = " ".join(MODELS_RUN)
 
 
 def test_models_are_built_only_by_the_models_container():
