@@ -282,6 +282,7 @@ def save_reference(nb, name: str, reference_dir: Path = REFERENCE_DIR, machine: 
     nb.metadata["servelab_reference"] = {
         "machine": machine or machine_description(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": reference.git_commit(),
         "note": REFERENCE_NOTE,
     }
     path = reference_dir / f"{name}.ipynb"
@@ -322,13 +323,18 @@ def _output_renderer(name: str, out_dir: Path):
     return render
 
 
-def _banner(info: dict, manifest: dict | None, stale: list[str], lesson_link: str) -> str:
+def _banner(info: dict, manifest: dict | None, stale: list[str], lesson_link: str, name: str = "") -> str:
     """The label every reference page carries, at its top and its bottom."""
     how = ("Executed against the kit's local stack by <code>make reference</code> (committed in "
            "<code>docs/reference/</code>)" if manifest else "Executed against the kit's local stack by the notebook tests")
     scale = ""
     if manifest and manifest.get("scale") == "reduced":
         scale = " Scale: reduced (smaller request counts than the lesson's, so noisier figures)."
+    checks = (manifest or {}).get("checks", {}).get(name) if name else None
+    if checks:
+        scale += (f" Lesson checks in this run: {checks['passed']} passed, {checks['inconclusive']} inconclusive"
+                  + (" (the machine was busy: a check that cannot trust its timing says so rather than pass)"
+                     if checks["inconclusive"] else "") + ".")
     warn = ""
     if stale:
         warn = (" <strong>This run was made from an older version of the notebook sources</strong> "
@@ -352,7 +358,7 @@ def _reference_page(name: str, title: str, reference_dir: Path | None, out_dir: 
     info = {**(manifest or {}), **nb.metadata.get("servelab_reference", {})}
     body, where, answer_keys, code_cells = render_notebook(nb, md, outputs=_output_renderer(name, out_dir))
     mine = [s for s in stale if s.startswith(f"{name}.")]
-    banner = _banner(info, manifest, mine, f'<a href="{name}.html">the lesson page</a> has the text alone')
+    banner = _banner(info, manifest, mine, f'<a href="{name}.html">the lesson page</a> has the text alone', name)
     if gpu is not None:
         banner += gpu.beside(name)
     filename = f"{name}-reference.html"
