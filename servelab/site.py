@@ -339,7 +339,7 @@ def _banner(info: dict, manifest: dict | None, stale: list[str], lesson_link: st
     if stale:
         warn = (" <strong>This run was made from an older version of the notebook sources</strong> "
                 f"({html.escape('; '.join(stale))}); run <code>make reference</code>.")
-    return (f'<p class="reference-banner"><strong>Reference run: {html.escape(REFERENCE_NOTE)}.</strong> '
+    return (f'<p class="reference-banner"><strong>{html.escape(REFERENCE_NOTE)}.</strong> A reference run. '
             f'Machine: {html.escape(str(info.get("machine", "unknown")))}. '
             f'Date: {html.escape(str(info.get("date", "unknown")))}. '
             f'Kit commit: <code>{html.escape(str(info.get("commit", "unknown")))}</code>.{scale} '

@@ -175,7 +175,7 @@ def test_site_pages_show_the_committed_outputs_plots_and_label(committed_site):
     for name in reference.NOTEBOOKS:
         assert f"{name}-reference" in names
         page = (out / f"{name}-reference.html").read_text()
-        assert page.count(f"Reference run: {reference.NOTE}.") == 2
+        assert page.count(f"<strong>{reference.NOTE}.</strong> A reference run.") == 2
         assert f"Kit commit: <code>{manifest['commit']}</code>" in page and "Machine: " in page
         assert page.count('<pre class="output">') >= 5
         imgs = re.findall(r'<img src="(img/[^"]+)"', page)
