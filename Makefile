@@ -64,7 +64,7 @@ site: setup
 	$(PY) -m servelab site
 
 # Regenerate the committed reference run: notebooks 4 and 6 at the lesson's scale and the
-# tour at scale 1 on the local stack (about 15 min on 2 cores). Commit docs/reference/ after.
+# tour at scale 1 on the local stack. Commit docs/reference/ after (a test fails while it is stale).
 reference: models
 	$(PY) -m servelab reference build
 
