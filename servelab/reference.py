@@ -316,6 +316,9 @@ def build(reference_dir: Path = COMMITTED_DIR, scale: str = "lesson", log=print)
             if counts["failed"]:
                 raise RuntimeError(f"{name}: {counts['failed']} check(s) failed twice: {failed_checks(nb)}; "
                                    "the committed reference is left as it was (a busy machine? run it again)")
+            if counts["inconclusive"] > counts["passed"]:
+                log(f"  warning: {name}: most checks were inconclusive (the machine was busy); this run shows "
+                    "a learner little: regenerate it on a quiet machine before committing it")
             nb = trim(nb)
             nb.metadata["servelab_reference"] = {k: manifest[k] for k in ("note", "machine", "date", "commit", "scale")}
             (staged / f"{name}.ipynb").write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
