@@ -6,13 +6,14 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.servelab-installed
 
-.PHONY: help setup sysdeps models demo test up down triton site notebooks doctor soak fuzz clean kit-archive
+.PHONY: help setup sysdeps models demo test up down triton site reference notebooks doctor soak fuzz clean kit-archive
 
 help:
 	@echo "make demo   - set up, build models, run the local stack and benchmark tour (README's main command)"
 	@echo "make test   - set up and run the test suite (README's test command; .ci/run calls it)"
 	@echo "make up / make down - keep the local stack running for the browser UI and Jupyter / stop it"
 	@echo "make models - build food11.pth / food11.onnx;  make site - render the lab as a static site"
+	@echo "make reference - re-run notebooks 4 and 6 and the tour; write the committed docs/reference/"
 	@echo "make soak   - long soak run;  make fuzz - longer fuzzing run"
 	@echo "make kit-archive - dist/serve-system-chi.tar.gz (tracked files) for Trovi / Chameleon Jupyter"
 
@@ -57,9 +58,15 @@ test: setup sysdeps models
 	$(BIN)/ruff check .
 	$(PY) -m pytest -q
 
-# The whole lab as a static HTML site (offline), from the notebook sources.
+# The whole lab as a static HTML site (offline), from the notebook sources and the
+# committed reference run in docs/reference/ (nothing is executed).
 site: setup
 	$(PY) -m servelab site
+
+# Regenerate the committed reference run: notebooks 4 and 6 at the lesson's scale and the
+# tour at scale 1 on the local stack. Commit docs/reference/ after (a test fails while it is stale).
+reference: models
+	$(PY) -m servelab reference build
 
 # Rebuild notebooks/*.ipynb from notebooks/src/*.md after editing a source.
 notebooks: setup

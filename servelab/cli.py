@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "servelab.doctor",
     "servelab.notebooks",
     "servelab.site",
+    "servelab.reference",
     "servelab.chameleon",
 )
 

@@ -8,12 +8,25 @@ where it runs; answer keys stay collapsed in ``<details>``. Everything is
 local: one stylesheet written beside the pages, no scripts, no fonts or assets
 from the network, so the site builds and reads offline.
 
-A **reference run** is added when one exists: notebooks executed against the
-kit's local stack (``build/reference/<name>.ipynb``, written by the notebook
-tests through :func:`save_reference`) are rendered with their outputs and
-plots as ``<name>-reference.html``, each labelled with the machine, the date
-and "CPU reference, your numbers will differ". Without one, the site builds
-as before and says so.
+A **reference run** is added: notebooks executed against the kit's local
+stack, rendered with their outputs and plots as ``<name>-reference.html``,
+each labelled with the machine, the date, the kit's commit and "CPU reference:
+your numbers will differ", plus the benchmark tour's report and plots
+(``tour-reference.html``). It comes from, in this order:
+
+1. ``docs/reference/``, the committed reference run (``servelab.reference``,
+   ``make reference``): the published one, so a fresh clone's ``make site``
+   shows outputs and plots without running anything. It wins whenever it is
+   there, so the published site never changes with whatever test ran last on
+   the machine that builds it;
+2. ``build/reference/``, which the notebook tests write through
+   :func:`save_reference`: a local preview, used only when nothing is committed
+   (``--reference build/reference`` picks it explicitly).
+
+Without either, the site builds the text alone and says so. When
+``docs/gpu-reference.md`` has a figures table (columns ``notebook``,
+``figure`` and any others), its rows appear on the matching CPU reference
+page, beside the CPU outputs, and the whole file becomes ``gpu-reference.html``.
 """
 
 from __future__ import annotations
@@ -30,11 +43,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab import lessons, notebooks, paths, procs
+from servelab import lessons, notebooks, paths, procs, reference
 
 DEFAULT_OUT = paths.BUILD_DIR / "site"
-REFERENCE_DIR = paths.BUILD_DIR / "reference"
-REFERENCE_NOTE = "CPU reference, your numbers will differ"
+REFERENCE_DIR = paths.BUILD_DIR / "reference"      # written by the notebook tests: a local preview
+COMMITTED_REFERENCE = reference.COMMITTED_DIR       # docs/reference/: the published reference run
+GPU_REFERENCE = paths.REPO_ROOT / "docs" / "gpu-reference.md"
+REFERENCE_NOTE = reference.NOTE
 SITE_TITLE = "ServeLab: system-level optimization of model serving"
 
 # Label text and CSS class for each "# runs ..." comment (servelab/lessons.py).
@@ -62,6 +77,8 @@ img { max-width: 100%; height: auto; }
 pre.output { background: #fff; border-style: dashed; font-size: 0.85rem; }
 .outputs { margin: 0.3rem 0 0 0; }
 .outputs img { display: block; margin: 0.4rem 0; border: 1px solid var(--line); }
+.gpu-figures { border: 1px solid #6a4fb3; border-left: 4px solid #6a4fb3; background: #f7f5fc; border-radius: 6px;
+                padding: 0.2rem 1rem; margin: 1rem 0; }
 .reference-banner { border: 1px solid #c9a227; background: #fff8e1; border-radius: 6px; padding: 0.6rem 1rem; margin: 1rem 0; }
 .hand-in { border: 1px solid #1f7a4d; border-left: 4px solid #1f7a4d; background: #f3faf6; border-radius: 6px;
            padding: 0.2rem 1rem; margin: 1rem 0; }
@@ -190,8 +207,15 @@ def render_notebook(nb, md=None, outputs=None) -> tuple[str, list[str], int, int
     return "\n".join(parts), where, answer_keys, code_cells
 
 
+def default_reference_dir() -> tuple[Path, str]:
+    """Which reference run the site shows by default, and why."""
+    if reference.read_manifest(COMMITTED_REFERENCE) is not None:
+        return COMMITTED_REFERENCE, "the committed reference run, the published one"
+    return REFERENCE_DIR, "no committed reference run; the notebook tests' local one, if any"
+
+
 def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_DIR,
-               reference_dir: Path | None = REFERENCE_DIR) -> list[Page]:
+               reference_dir: Path | None = REFERENCE_DIR, gpu_reference: Path | None = GPU_REFERENCE) -> list[Page]:
     from pygments.formatters import HtmlFormatter
 
     items = notebooks.notebooks(source_dir)
@@ -204,6 +228,9 @@ def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_
                                        encoding="utf-8")
     md = _md()
     built = [(item, notebooks.build_notebook(item.source, item.name)) for item in items]
+    gpu = _gpu_reference(gpu_reference, out_dir, md)
+    manifest = reference.read_manifest(reference_dir) if reference_dir else None
+    stale = reference.stale(reference_dir, source_dir) if manifest else []
     pages = []
     for i, (item, nb) in enumerate(built):
         body, where, answer_keys, code_cells = render_notebook(nb, md)
@@ -214,14 +241,19 @@ def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_
                      if i + 1 < len(built) else '<a href="index.html">Index &rarr;</a>')
         nav = f'<nav class="pager">{prev_link}{next_link}</nav>'
         filename = f"{item.name}.html"
-        reference = _reference_page(item.name, title, reference_dir, out_dir, md)
-        if reference:
-            body = (f'<p class="reference-banner">See <a href="{reference.filename}">a reference run of this '
+        ref_page = _reference_page(item.name, title, reference_dir, out_dir, md, manifest, stale, gpu)
+        if ref_page:
+            body = (f'<p class="reference-banner">See <a href="{ref_page.filename}">a reference run of this '
                     f'notebook</a> with its outputs and plots ({html.escape(REFERENCE_NOTE)}).</p>\n' + body)
         (out_dir / filename).write_text(_layout(title, body, nav), encoding="utf-8")
         pages.append(Page(item.name, title, filename, where, answer_keys, code_cells))
-        if reference:
-            pages.append(reference)
+        if ref_page:
+            pages.append(ref_page)
+    tour = _tour_page(reference_dir, out_dir, md, manifest) if reference_dir else None
+    if tour:
+        pages.append(tour)
+    if gpu.page:
+        pages.append(gpu.page)
     (out_dir / "index.html").write_text(_index(pages), encoding="utf-8")
     return pages
 
@@ -250,6 +282,7 @@ def save_reference(nb, name: str, reference_dir: Path = REFERENCE_DIR, machine: 
     nb.metadata["servelab_reference"] = {
         "machine": machine or machine_description(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": reference.git_commit(),
         "note": REFERENCE_NOTE,
     }
     path = reference_dir / f"{name}.ipynb"
@@ -290,21 +323,44 @@ def _output_renderer(name: str, out_dir: Path):
     return render
 
 
-def _reference_page(name: str, title: str, reference_dir: Path | None, out_dir: Path, md) -> Page | None:
-    """Render build/reference/<name>.ipynb, if there is one, as <name>-reference.html."""
+def _banner(info: dict, manifest: dict | None, stale: list[str], lesson_link: str, name: str = "") -> str:
+    """The label every reference page carries, at its top and its bottom."""
+    how = ("Executed against the kit's local stack by <code>make reference</code> (committed in "
+           "<code>docs/reference/</code>)" if manifest else "Executed against the kit's local stack by the notebook tests")
+    scale = ""
+    if manifest and manifest.get("scale") == "reduced":
+        scale = " Scale: reduced (smaller request counts than the lesson's, so noisier figures)."
+    checks = (manifest or {}).get("checks", {}).get(name) if name else None
+    if checks:
+        scale += (f" Lesson checks in this run: {checks['passed']} passed, {checks['inconclusive']} inconclusive"
+                  + (" (the machine was busy: a check that cannot trust its timing says so rather than pass)"
+                     if checks["inconclusive"] else "") + ".")
+    warn = ""
+    if stale:
+        warn = (" <strong>This run was made from an older version of the notebook sources</strong> "
+                f"({html.escape('; '.join(stale))}); run <code>make reference</code>.")
+    return (f'<p class="reference-banner"><strong>{html.escape(REFERENCE_NOTE)}.</strong> A reference run. '
+            f'Machine: {html.escape(str(info.get("machine", "unknown")))}. '
+            f'Date: {html.escape(str(info.get("date", "unknown")))}. '
+            f'Kit commit: <code>{html.escape(str(info.get("commit", "unknown")))}</code>.{scale} '
+            f'{how}; {lesson_link}.{warn}</p>\n')
+
+
+def _reference_page(name: str, title: str, reference_dir: Path | None, out_dir: Path, md,
+                    manifest: dict | None = None, stale: list[str] = (), gpu=None) -> Page | None:
+    """Render <reference_dir>/<name>.ipynb, if there is one, as <name>-reference.html."""
     import nbformat
 
     path = (reference_dir / f"{name}.ipynb") if reference_dir else None
     if path is None or not path.is_file():
         return None
     nb = nbformat.read(path, as_version=4)
-    info = nb.metadata.get("servelab_reference", {})
+    info = {**(manifest or {}), **nb.metadata.get("servelab_reference", {})}
     body, where, answer_keys, code_cells = render_notebook(nb, md, outputs=_output_renderer(name, out_dir))
-    banner = (f'<p class="reference-banner"><strong>Reference run: {html.escape(REFERENCE_NOTE)}.</strong> '
-              f'Machine: {html.escape(str(info.get("machine", "unknown")))}. '
-              f'Date: {html.escape(str(info.get("date", "unknown")))}. '
-              f'Executed against the kit\'s local stack by the notebook tests; '
-              f'<a href="{name}.html">the lesson page</a> has the text alone.</p>\n')
+    mine = [s for s in stale if s.startswith(f"{name}.")]
+    banner = _banner(info, manifest, mine, f'<a href="{name}.html">the lesson page</a> has the text alone', name)
+    if gpu is not None:
+        banner += gpu.beside(name)
     filename = f"{name}-reference.html"
     nav = f'<nav class="pager"><a href="{name}.html">&larr; {html.escape(name)}</a><a href="index.html">Index &rarr;</a></nav>'
     (out_dir / filename).write_text(_layout(f"{title} (reference run)", banner + body + banner, nav),
@@ -314,7 +370,8 @@ def _reference_page(name: str, title: str, reference_dir: Path | None, out_dir: 
 
 def _index(pages: list[Page]) -> str:
     rows = []
-    references = [p for p in pages if p.name not in lessons.BY_SLUG]
+    references = [p for p in pages if p.name not in lessons.BY_SLUG and p.name != "gpu-reference"]
+    gpu = [p for p in pages if p.name == "gpu-reference"]
     for page in pages:
         if page.name not in lessons.BY_SLUG:
             continue
@@ -339,10 +396,13 @@ def _index(pages: list[Page]) -> str:
                  f"stack, with their outputs and plots ({html.escape(REFERENCE_NOTE)}).</p>\n<ul>\n"
                  + "\n".join(f'<li><a href="{p.filename}">{html.escape(p.title)}</a></li>' for p in references)
                  + "\n</ul>")
+        if gpu:
+            body += (f'\n<p>And one run on a GPU, to read beside them: <a href="{gpu[0].filename}">'
+                     f'{html.escape(gpu[0].title)}</a>.</p>')
     else:
         body += ("\n<p class=\"where-list\">No reference run is included: none was found in "
-                 "<code>build/reference/</code>. The notebook tests write one "
-                 "(<code>pytest tests/notebooks/test_measurement_notebooks.py</code>); "
+                 "<code>docs/reference/</code> (<code>make reference</code> writes it) or "
+                 "<code>build/reference/</code> (the notebook tests write one); "
                  "run <code>make site</code> again afterwards.</p>")
     return _layout(SITE_TITLE, body)
 
@@ -355,22 +415,139 @@ def add_parser(sub) -> None:
     p = sub.add_parser("site", help="render the lab notebooks into a static HTML site (offline)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
     p.add_argument("--reference", type=Path, default=None,
-                   help=f"folder of executed notebooks to show as the reference run (default: {REFERENCE_DIR})")
+                   help=f"folder of executed notebooks to show as the reference run (default: {COMMITTED_REFERENCE} "
+                        f"when committed, else {REFERENCE_DIR})")
     p.set_defaults(func=_cmd_site)
 
 
 def _cmd_site(args) -> int:
     try:
-        reference = args.reference or REFERENCE_DIR
-        pages = build_site(args.out, reference_dir=reference)
+        ref_dir, why = (args.reference, "given with --reference") if args.reference else default_reference_dir()
+        pages = build_site(args.out, reference_dir=ref_dir)
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    refs = [p.name for p in pages if p.name not in lessons.BY_SLUG]
+    refs = [p.name for p in pages if p.name not in lessons.BY_SLUG and p.name != "gpu-reference"]
     print(f"wrote {len(pages)} pages and an index to {args.out}/ (open {args.out / 'index.html'})")
     if refs:
-        print(f"reference runs included: {', '.join(refs)} (from {reference})")
+        print(f"reference runs included: {', '.join(refs)} (from {ref_dir}: {why})")
+        manifest = reference.read_manifest(ref_dir)
+        if manifest:
+            print(f"  {reference.label(manifest)}")
+            for problem in reference.stale(ref_dir):
+                print(f"  warning: stale reference: {problem}")
     else:
-        print(f"no reference run in {reference}: the site shows the lessons' text and code only "
-              "(the notebook tests write one: pytest tests/notebooks/test_measurement_notebooks.py)")
+        print(f"no reference run in {ref_dir}: the site shows the lessons' text and code only "
+              "(`make reference` writes the committed one)")
     return 0
+
+
+# --------------------------------------------------------------------------
+# The tour's report, and the GPU reference beside the CPU one
+
+
+def _tour_page(reference_dir: Path, out_dir: Path, md, manifest: dict | None) -> Page | None:
+    """<reference_dir>/tour/report.md and its plots as tour-reference.html."""
+    report = reference_dir / "tour" / "report.md"
+    if not report.is_file():
+        return None
+    images = out_dir / "img" / "tour"
+    images.mkdir(parents=True, exist_ok=True)
+    for png in sorted(report.parent.glob("*.png")):
+        shutil.copy2(png, images / png.name)
+    body = md.render(report.read_text(encoding="utf-8"))
+    # the report names its plots beside it: point them at the copies
+    body = re.sub(r'(<img src=")(?![a-z]+:|/)([^"]+\.png")', r"\1img/tour/\2", body)
+    banner = _banner(manifest or {}, manifest, [], 'the same experiments on your machine: <code>make demo</code>')
+    (out_dir / "tour-reference.html").write_text(
+        _layout("Benchmark tour (reference run)", banner + body + banner,
+                '<nav class="pager"><a href="index.html">&larr; Index</a><span></span></nav>'), encoding="utf-8")
+    return Page("tour-reference", "Benchmark tour: reference run (report and plots)", "tour-reference.html", [], 0, 0)
+
+
+@dataclass
+class GpuReference:
+    """docs/gpu-reference.md, read for the site: its figures table rows by notebook, and its page."""
+
+    path: Path | None
+    rows: list[dict]
+    columns: list[str]
+    page: Page | None
+
+    def beside(self, name: str) -> str:
+        """The GPU figures for notebook ``name``, to show beside its CPU reference run."""
+        number = name.split("_", 1)[0]
+        mine = [r for r in self.rows if _notebook_key(r.get("notebook", "")) in (name, number)]
+        if self.page is None:
+            return ('<div class="gpu-figures"><p>No GPU reference run is published yet '
+                    '(<code>docs/gpu-reference.md</code>).</p></div>\n')
+        if not mine:
+            return ('<div class="gpu-figures"><p>No GPU reference figures for this notebook yet: see '
+                    '<a href="gpu-reference.html">the GPU reference</a>.</p></div>\n')
+        cols = [c for c in self.columns if c != "notebook"]
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(r.get(c, ''))}</td>" for c in cols) + "</tr>"
+                       for r in mine)
+        return ('<div class="gpu-figures"><p><strong>GPU reference, beside this CPU run</strong> '
+                '(from <a href="gpu-reference.html">docs/gpu-reference.md</a>):</p>'
+                f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>\n")
+
+
+def _notebook_key(value: str) -> str:
+    """"4", "4_fastapi", "notebook 4", "`6_triton`" -> "4" / "4_fastapi" / "4" / "6_triton"."""
+    value = value.strip().strip("`").strip()
+    m = re.fullmatch(r"(?:notebook\s+)?(\d+)", value, re.I)
+    return m.group(1) if m else value
+
+
+def gpu_figures(text: str) -> tuple[list[str], list[dict]]:
+    """Rows of every markdown table in ``text`` whose header has ``notebook`` and ``figure`` columns
+    (case-insensitive), as dicts keyed by the lower-cased header. Other tables are left alone."""
+    from markdown_it import MarkdownIt
+
+    tokens = MarkdownIt("commonmark").enable("table").parse(text)
+    columns, rows, table, cell, row = [], [], None, None, None
+    for tok in tokens:
+        if tok.type == "table_open":
+            table = {"head": [], "rows": []}
+        elif tok.type == "tr_open":
+            row = []
+        elif tok.type in ("th_open", "td_open"):
+            cell = ""
+        elif tok.type == "inline" and cell is not None:
+            cell = tok.content.strip()
+        elif tok.type in ("th_close", "td_close"):
+            row.append(cell)
+            cell = None
+        elif tok.type == "tr_close" and table is not None:
+            if table["head"]:
+                table["rows"].append(row)
+            else:
+                table["head"] = row
+        elif tok.type == "table_close" and table is not None:
+            head = [h.lower() for h in table["head"]]
+            if "notebook" in head and "figure" in head:
+                columns += [h for h in head if h not in columns]
+                rows += [dict(zip(head, r)) for r in table["rows"]]
+            table = None
+    return columns, rows
+
+
+def _gpu_reference(path: Path | None, out_dir: Path, md) -> GpuReference:
+    """Read docs/gpu-reference.md when there is one, and render it as gpu-reference.html."""
+    if path is None or not path.is_file():
+        return GpuReference(None, [], [], None)
+    text = path.read_text(encoding="utf-8")
+    columns, rows = gpu_figures(text)
+    body = md.render(text)
+    # its relative links name files of the repository, not pages of this site: keep their text only
+    body = re.sub(r'<a href="(?![a-z]+:|#)([^"]*)">(.*?)</a>',
+                  lambda m: m.group(0) if (out_dir / m.group(1).split("#")[0]).exists() else m.group(2), body)
+    body = re.sub(r'<img src="(?![a-z]+:)[^"]*" alt="([^"]*)"[^>]*>', r"[image: \1]", body)
+    note = ("" if rows else '<p class="where-list">No figures table yet (a markdown table with '
+            '<code>notebook</code> and <code>figure</code> columns): the CPU reference pages say so.</p>\n')
+    (out_dir / "gpu-reference.html").write_text(
+        _layout("GPU reference", note + body, '<nav class="pager"><a href="index.html">&larr; Index</a><span></span></nav>'),
+        encoding="utf-8")
+    return GpuReference(path, rows, columns, Page("gpu-reference", "GPU reference run (docs/gpu-reference.md)",
+                                                  "gpu-reference.html", [], 0, 0))

@@ -31,7 +31,7 @@ def _parse(path: Path) -> _Collect:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("site") / "site"
-    pages = site.build_site(out, reference_dir=None)  # the lessons alone; reference runs: below
+    pages = site.build_site(out, reference_dir=None, gpu_reference=None)  # the lessons alone; reference runs: below
     return out, pages
 
 
@@ -191,9 +191,22 @@ def _png_size(path: Path) -> tuple[int, int]:
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
-def test_pages_fit_1280_and_390_px_without_hidden_code(with_reference):
-    """Full-page Chromium screenshots of every page at 1280 and 390 px into build/site/screenshots/:
-    no page is wider than the window, and no code or output block hides text behind a scrollbar."""
+@pytest.fixture(scope="module")
+def committed_site(tmp_path_factory):
+    """The site as a fresh clone's `make site` builds it: from the committed reference run."""
+    ref, why = site.default_reference_dir()
+    assert ref == site.COMMITTED_REFERENCE, f"no committed reference run ({why}): run `make reference`"
+    out = tmp_path_factory.mktemp("published") / "site"
+    pages = site.build_site(out, reference_dir=ref)
+    return out, pages
+
+
+def test_pages_fit_1280_and_390_px_without_hidden_code(committed_site):
+    """Chromium opens the site built from the committed reference run. Full-page screenshots of
+    every page at 1280 and 390 px, and one per figure of notebook 6's reference page, go to
+    build/site/screenshots/ (or $SERVELAB_SCREENSHOTS): no page is wider than the window, no code
+    or output block hides text behind a scrollbar, every reference page shows its outputs, and
+    every plot on them is loaded and drawn."""
     import os
 
     from playwright.sync_api import sync_playwright
@@ -203,9 +216,12 @@ def test_pages_fit_1280_and_390_px_without_hidden_code(with_reference):
     chromium = os.environ.get("SERVELAB_CHROMIUM", "/usr/bin/chromium")
     if not os.path.exists(chromium):
         pytest.fail(f"{chromium} is missing: install Debian's chromium (`make sysdeps`)", pytrace=False)
-    out, _ = with_reference
-    shots = paths.BUILD_DIR / "site" / "screenshots"
+    out, pages = committed_site
+    shots = Path(os.environ.get("SERVELAB_SCREENSHOTS") or paths.BUILD_DIR / "site" / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
+    reference_pages = [f"{n}-reference.html" for n in ("4_fastapi", "6_triton")] + ["tour-reference.html"]
+    assert all((out / name).exists() for name in reference_pages)
+    figures = {}
     problems = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, headless=True,
@@ -222,6 +238,21 @@ def test_pages_fit_1280_and_390_px_without_hidden_code(with_reference):
                             .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.slice(0, 60))})""")
                     shot = shots / f"{html_file.stem}-{width}.png"
                     page.screenshot(path=str(shot), full_page=True)
+                    if html_file.name in reference_pages:
+                        seen = page.evaluate("""() => ({
+                            outputs: [...document.querySelectorAll('pre.output')].filter(e => e.offsetHeight > 0).length,
+                            imgs: [...document.images].map(i => [i.complete && i.naturalWidth > 0, i.width])})""")
+                        if seen["outputs"] == 0 and html_file.name != "tour-reference.html":
+                            problems.append(f"{html_file.name} at {width}px: no outputs shown")
+                        if not seen["imgs"] or not all(ok and w > 0 for ok, w in seen["imgs"]):
+                            problems.append(f"{html_file.name} at {width}px: plots missing {seen['imgs']}")
+                        if html_file.name == "6_triton-reference.html":
+                            figures[width] = []
+                            for i, img in enumerate(page.locator("div.outputs img").all(), 1):
+                                fig = shots / f"6_triton-reference-figure{i}-{width}.png"
+                                img.scroll_into_view_if_needed()
+                                img.screenshot(path=str(fig))
+                                figures[width].append(fig)
                     shot_width, _ = _png_size(shot)
                     if metrics["doc"] > metrics["win"] or shot_width > width:
                         problems.append(f"{html_file.name} at {width}px: page {metrics['doc']}px wide, "
@@ -233,3 +264,6 @@ def test_pages_fit_1280_and_390_px_without_hidden_code(with_reference):
             browser.close()
     assert problems == []
     assert (shots / "6_triton-reference-390.png").exists() and (shots / "index-1280.png").exists()
+    assert len(figures[1280]) == len(figures[390]) >= 4, figures
+    for width, figs in figures.items():
+        assert all(0 < _png_size(f)[0] <= width for f in figs)
