@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "servelab.notebooks",
     "servelab.site",
     "servelab.chameleon",
+    "servelab.gpucheck",
 )
 
 
