@@ -82,7 +82,7 @@ def write_all(out: Path, results: list[dict], meta: dict, samples: list[dict], w
             r = ran.get(phase, {})
             (out / name).write_text(f"{phase}: {r.get('status', 'not run')} {r.get('reason', '')}\n")
     files = [p.name for p in out.iterdir() if p.is_file()]
-    extra = sorted(set(files) - set(runner.OUT_FILES))
+    extra = sorted(set(files) - set(runner.OUT_FILES) - set(runner.OPTIONAL_FILES))
     if extra or len(files) > runner.MAX_FILES:
         print(f"warning: {out} holds {len(files)} files ({', '.join(extra)} not written by gpu-check); "
               f"a device call returns at most {runner.MAX_FILES}")
