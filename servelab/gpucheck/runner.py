@@ -100,15 +100,58 @@ def unpack(pack_dir: Path | None, dest: Path) -> tuple[Path | None, str]:
     return dest, f"unpacked {archive} ({size:.1f} MiB) in {time.perf_counter() - t0:.1f} s"
 
 
+def make_prefix(dest: Path, root: Path | None, stub_numpy: bool) -> Path:
+    """A minimal virtual environment (``pyvenv.cfg``, ``bin/python3``) whose one ``.pth`` file
+    puts, in order: numpy 1.26 (``stub_numpy``), the pack's packages, the repository, then this
+    interpreter's own site-packages (torch and the rest). Returns its python.
+
+    Why not PYTHONPATH: Triton's Python-backend stub starts an isolated interpreter that ignores
+    the environment's PYTHONPATH; it takes ``python3`` from PATH and that interpreter's
+    site-packages. The phases run on this prefix's python, whose bin/ the kit puts first on the
+    servers' PATH (procs.child_env), so the stubs see exactly what the phase sees."""
+    import site
+    import sysconfig
+
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    base = Path(getattr(sys, "_base_executable", None) or sys.executable).resolve()
+    (dest / "bin").mkdir(parents=True, exist_ok=True)
+    for name in ("python3", "python", f"python{version}"):
+        link = dest / "bin" / name
+        if not link.is_symlink():
+            link.symlink_to(base)
+    (dest / "pyvenv.cfg").write_text(f"home = {base.parent}\ninclude-system-site-packages = false\n"
+                                     f"version = {'.'.join(map(str, sys.version_info[:3]))}\n")
+    purelib = Path(sysconfig.get_path("purelib", vars={"base": str(dest), "platbase": str(dest)}))
+    purelib.mkdir(parents=True, exist_ok=True)
+    lines = []
+    if root is not None:
+        lines += [str(root / "np")] if stub_numpy else []
+        lines += [str(root / "site")]
+    lines.append(str(paths.REPO_ROOT))
+    for sp in dict.fromkeys([*site.getsitepackages(), sysconfig.get_path("purelib")]):
+        if Path(sp).is_dir() and Path(sp) != purelib:
+            lines.append(f"import site; site.addsitedir({sp!r})")
+    (purelib / "servelab-gpu-check.pth").write_text("\n".join(lines) + "\n")
+    return dest / "bin" / "python3"
+
+
 def phase_env(root: Path | None, phase: Phase, device: str) -> dict[str, str]:
-    """The environment of one phase's process: the repository and the pack on the path."""
+    """The environment of one phase's process (the prefix's .pth does the paths; PYTHONPATH too,
+    for what reads it)."""
     env = dict(os.environ)
     extra = [str(paths.REPO_ROOT)]
     if root is not None:
         if phase.stub_numpy:
-            extra.append(str(root / "np"))
+            extra.insert(0, str(root / "np"))
         extra.append(str(root / "site"))
         env["PATH"] = os.pathsep.join([str(root / "bin"), env.get("PATH", "")])
+    else:  # this venv's perf_analyzer (the real binary: the phases run on another bin/)
+        from servelab import perf
+
+        try:
+            env["PATH"] = os.pathsep.join([str(perf.real_binary().parent), env.get("PATH", "")])
+        except perf.PerfAnalyzerError:
+            pass
     if env.get("PYTHONPATH"):
         extra.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(extra)
@@ -216,8 +259,9 @@ def usage(samples: list[dict], t_from: float, t_to: float, t0: float) -> dict:
 # Running the phases
 # --------------------------------------------------------------------------
 
-def run_phase(phase: Phase, limit: float, env: dict, work: Path, device: str, tiny: bool) -> dict:
-    cmd = [sys.executable, "-m", "servelab.gpucheck.phases", phase.name, "--work", str(work), "--device", device]
+def run_phase(phase: Phase, limit: float, env: dict, work: Path, device: str, tiny: bool,
+              python: Path | str | None = None) -> dict:
+    cmd = [str(python or sys.executable), "-m", "servelab.gpucheck.phases", phase.name, "--work", str(work), "--device", device]
     if tiny:
         cmd.append("--tiny")
     result_file = work / f"{phase.name}.json"
@@ -282,6 +326,12 @@ def main(out: Path | None = None, pack_dir: Path | None = packmod.DEFAULT_DIR, d
     except (RuntimeError, OSError, tarfile.TarError) as err:
         root, pack_note = None, f"the pack could not be unpacked ({err}): using this interpreter's packages"
     print(f"  pack: {pack_note}", flush=True)
+    pythons: dict[bool, Path] = {}
+    for stub_numpy in (False, True):
+        try:
+            pythons[stub_numpy] = make_prefix(work / f"py-{int(stub_numpy)}", root, stub_numpy)
+        except OSError as err:
+            pack_note += f"; no prefix ({err}): phases run on {sys.executable} with PYTHONPATH (stubs miss the pack)"
     sampler = Sampler(out / "samples.csv", use_gpu=device != "cpu")
     sampler.start()
     results: list[dict] = []
@@ -299,7 +349,8 @@ def main(out: Path | None = None, pack_dir: Path | None = packmod.DEFAULT_DIR, d
                 continue
             sampler.phase = phase.name
             print(f"[{phase.name}] started (limit {limit:.0f} s)", flush=True)
-            res = run_phase(phase, limit, phase_env(root, phase, device), work, device, tiny)
+            python = pythons.get(phase.stub_numpy)
+            res = run_phase(phase, limit, phase_env(root, phase, device), work, device, tiny, python)
             sampler.phase = "between"
             results.append(res)
             print(f"[{phase.name}] {res['status']} in {res['seconds']:.0f} s"
