@@ -207,3 +207,24 @@ def test_find_wheel_matches_name_version_and_cp312(tmp_path):
     assert pack.find_wheel(tmp_path, "numpy", "1.26.4").name.startswith("numpy-1.26.4-cp312")
     assert pack.find_wheel(tmp_path, "pydantic-core", "2.50.5") is not None
     assert pack.find_wheel(tmp_path, "numpy", "2.0.0") is None
+
+
+def test_probe_names_a_library_the_stub_cannot_load(tmp_path):
+    """A stub linked against a libpython this machine lacks (Python 3.8's, which no supported
+    machine of the kit has) is reported before Triton tries to load a model."""
+    from servelab import triton
+    from servelab.gpucheck import phases
+
+    real = triton.find_install()
+    assert phases._missing_libs(real) == []
+    other = "3.8"  # pyproject: requires-python >= 3.10
+    fake = triton.TritonInstall(tmp_path / "pytriton" / "tritonserver")
+    (fake.root / "bin").mkdir(parents=True)
+    (fake.root / "bin" / "tritonserver").symlink_to(real.server)
+    fake.python_backend.mkdir(parents=True)
+    (fake.python_backend / "libtriton_python.so").symlink_to(real.python_backend / "libtriton_python.so")
+    fake.stub().parent.mkdir(parents=True)
+    fake.stub().symlink_to(real.root / "python_backend_stubs" / other / "triton_python_backend_stub")
+    (tmp_path / "nvidia_pytriton.libs").symlink_to(real.libs)
+    missing = phases._missing_libs(fake)
+    assert missing == [f"triton_python_backend_stub: libpython{other}.so.1.0"]

@@ -85,6 +85,7 @@ def probe(args, work: Path) -> dict:
         install = triton.find_install()
         info["tritonserver"] = str(install.server)
         info["triton_gpus"] = triton.gpu_count()
+        info["stub_missing_libs"] = _missing_libs(install)
     except triton.TritonError as err:
         info["tritonserver"] = f"not found: {err}"
     try:
@@ -97,12 +98,28 @@ def probe(args, work: Path) -> dict:
                        {"what": "torch / CUDA", "value": f"{info['torch']} / {info['torch_cuda']}"},
                        {"what": "nvidia-smi", "value": info["nvidia_smi"]}]}
     problems = [k for k in ("tritonserver", "perf_analyzer") if str(info[k]).startswith(("not", "missing"))]
+    problems += ["stub_missing_libs"] if info.get("stub_missing_libs") else []
     problems += [k for k in ("fastapi", "pydantic", "uvicorn") if str(info[k]).startswith("missing")]
     if _want_gpu(args) and args.device == "cuda" and not info["cuda_available"]:
         problems.append("torch sees no GPU")
     if problems:
         res.update(status="fail", reason="; ".join(f"{p}: {info.get(p, p)}" for p in problems))
     return res
+
+
+def _missing_libs(install) -> list[str]:
+    """Libraries the server and this Python's stub cannot find in the environment Triton gets
+    (the stub links libpython3.X.so: a Python built without it cannot run the Python backend)."""
+    from servelab.triton.install import server_env
+
+    ldd = shutil.which("ldd")
+    if not ldd:
+        return []
+    missing = []
+    for binary in (install.server, install.stub(), install.python_backend / "libtriton_python.so"):
+        out = subprocess.run([ldd, str(binary)], capture_output=True, text=True, env=server_env(install), timeout=30)
+        missing += [f"{binary.name}: {line.split()[0]}" for line in out.stdout.splitlines() if "not found" in line]
+    return missing
 
 
 def _cpus() -> int:
