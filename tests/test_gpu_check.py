@@ -228,3 +228,25 @@ def test_probe_names_a_library_the_stub_cannot_load(tmp_path):
     (tmp_path / "nvidia_pytriton.libs").symlink_to(real.libs)
     missing = phases._missing_libs(fake)
     assert missing == [f"triton_python_backend_stub: libpython{other}.so.1.0"]
+
+
+def test_the_prefix_gives_an_isolated_interpreter_the_repository_and_site_packages(tmp_path):
+    """Triton's stub runs an isolated interpreter (no PYTHONPATH) found as `python3` on PATH:
+    through the prefix it still imports this repository's servelab, and torch from the venv."""
+    pack_root = tmp_path / "pack"
+    (pack_root / "np" / "marker_np").mkdir(parents=True)
+    (pack_root / "site" / "marker_np").mkdir(parents=True)
+    for d in ("np", "site"):
+        (pack_root / d / "marker_np" / "__init__.py").write_text(f"WHERE = {d!r}\n")
+    python = runner.make_prefix(tmp_path / "py", pack_root, stub_numpy=True)
+    code = "import sys, servelab, marker_np, torch; print(servelab.__file__, marker_np.WHERE, sys.prefix)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([str(python), "-I", "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    where, marker, prefix = proc.stdout.split()
+    assert where == str(paths.REPO_ROOT / "servelab" / "__init__.py")
+    assert marker == "np" and prefix == str(tmp_path / "py")  # np/ comes before site/
+    plain = runner.make_prefix(tmp_path / "py2", pack_root, stub_numpy=False)
+    out = subprocess.run([str(plain), "-I", "-c", "import marker_np; print(marker_np.WHERE)"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.strip() == "site"

@@ -53,13 +53,18 @@ def probe(args, work: Path) -> dict:
         info["nvidia_smi"] = out.stdout.strip() or out.stderr.strip()
     else:
         info["nvidia_smi"] = "nvidia-smi not found"
-    import numpy
-    import torch
+    try:  # a probe records what is missing rather than stop at it
+        import numpy
 
-    info["numpy"] = numpy.__version__
-    info["torch"] = torch.__version__
-    info["torch_cuda"] = torch.version.cuda
-    info["cuda_available"] = torch.cuda.is_available()
+        info["numpy"] = numpy.__version__
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_cuda"] = torch.version.cuda
+        info["cuda_available"] = torch.cuda.is_available()
+    except ImportError as err:
+        info.setdefault("numpy", f"missing: {err}")
+        info.update(torch=f"missing: {err}", torch_cuda=None, cuda_available=False)
     if info["cuda_available"]:
         info["gpus"] = [{"name": torch.cuda.get_device_name(i),
                          "capability": ".".join(map(str, torch.cuda.get_device_capability(i)))}
@@ -99,7 +104,7 @@ def probe(args, work: Path) -> dict:
                        {"what": "nvidia-smi", "value": info["nvidia_smi"]}]}
     problems = [k for k in ("tritonserver", "perf_analyzer") if str(info[k]).startswith(("not", "missing"))]
     problems += ["stub_missing_libs"] if info.get("stub_missing_libs") else []
-    problems += [k for k in ("fastapi", "pydantic", "uvicorn") if str(info[k]).startswith("missing")]
+    problems += [k for k in ("numpy", "torch", "fastapi", "pydantic", "uvicorn") if str(info[k]).startswith("missing")]
     if _want_gpu(args) and args.device == "cuda" and not info["cuda_available"]:
         problems.append("torch sees no GPU")
     if problems:
