@@ -62,7 +62,7 @@ def test_dry_run_hides_the_gpu_and_measures_through_triton(dry_run):
     out, _ = dry_run
     phases = {p["phase"]: p for p in json.loads((out / "results.json").read_text())["phases"]}
     assert phases["probe"]["info"]["cuda_available"] is False
-    assert phases["fastapi"]["device_in_service"] == "cpu"
+    assert phases["fastapi"]["device"] == "cpu" and phases["fastapi"]["device_in_service"]
     assert phases["triton"]["kind"] == "KIND_CPU"
     counts = {c: g for c, g in phases["triton"]["instance_groups"].items()}
     assert [g[0]["count"] for g in counts.values()] == [1, 2]  # the reload took

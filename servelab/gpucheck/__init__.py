@@ -44,7 +44,8 @@ def add_parser(subparsers) -> None:
                    help=f"folder holding {pack.ARCHIVE_NAME} (default {pack.DEFAULT_DIR}); "
                         "without one this interpreter's packages are used")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                   help="cuda: expect a GPU (a phase that finds none fails); cpu: hide any GPU (the dry run)")
+                   help="cuda: expect a GPU (a phase that finds none fails); cpu: hide any GPU (the dry run); "
+                        "auto (default): cuda where nvidia-smi or /dev/nvidia0 exists, else cpu")
     p.add_argument("--tiny", action="store_true", help="toy sizes: proves the plumbing, measures nothing")
     p.add_argument("--budget", type=float, default=None,
                    help=f"seconds for the whole run (default {runner.BUDGET_S:.0f}; --tiny {runner.TINY_BUDGET_S:.0f})")

@@ -192,8 +192,9 @@ def fastapi(args, work: Path) -> dict:
         runs = [dict(_load(url + "/predict", body, seq, 1), label="FastAPI PyTorch, sequential"),
                 dict(_load(url + "/predict", body, conc, 16), label="FastAPI PyTorch, 16 clients")]
     device = str(health.get("device", ""))
-    name = health.get("device_name") or health.get("gpu") or device
-    res = {"status": "ok", "health": health, "prediction": answer, "device_in_service": name, "runs": runs,
+    name = health.get("device_name") or device  # device_name: the GPU's name, where the service reports it
+    res = {"status": "ok", "health": health, "prediction": answer, "device": device, "device_in_service": name,
+           "runs": runs,
            "figures": [{"what": "FastAPI /health device", "value": name}]
            + [{"what": r["label"], "throughput": r["throughput"], "p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"],
                "t_start": r["t_start"], "t_end": r["t_end"]} for r in runs]}

@@ -316,6 +316,8 @@ def main(out: Path | None = None, pack_dir: Path | None = packmod.DEFAULT_DIR, d
 
     t_begin = time.time()
     budget = budget or (TINY_BUDGET_S if tiny else BUDGET_S)
+    if device == "auto":  # a GPU machine is expected to use its GPU; elsewhere nothing is hidden or required
+        device = "cuda" if shutil.which("nvidia-smi") or Path("/dev/nvidia0").exists() else "cpu"
     out = Path(out or os.environ.get("OUT") or paths.RESULTS_DIR / "gpu-check")
     out.mkdir(parents=True, exist_ok=True)
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"servelab-gpu-check-{os.getpid()}"
