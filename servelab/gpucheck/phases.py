@@ -267,6 +267,9 @@ def triton_phase(args, work: Path) -> dict:
                     failures.append(f"{fig['what']}: {fig['error']}")
                 figures.append(fig)
                 runs.append(fig)
+                # Written as it goes: a phase stopped at its limit keeps the runs it finished.
+                _write(work, "triton", {"status": "fail", "reason": f"stopped after {len(runs)} perf_analyzer runs",
+                                        "kind": kind, "instance_groups": groups, "figures": figures})
         stubs = [s.__dict__ if hasattr(s, "__dict__") else str(s) for s in t.stub_processes(MODEL)]
         notes = list(t.notes)
     log.close()
@@ -372,8 +375,14 @@ def main(argv=None) -> int:
     except Exception as err:  # recorded; the runner goes on to the next phase
         traceback.print_exc()
         res = {"status": "fail", "reason": f"{type(err).__name__}: {err}"[:600], "figures": []}
-    (args.work / f"{args.phase}.json").write_text(json.dumps(res, indent=1, default=str))
+    _write(args.work, args.phase, res)
     return 0 if res.get("status") == "ok" else 1
+
+
+def _write(work: Path, phase: str, res: dict) -> None:
+    tmp = work / f".{phase}.json"
+    tmp.write_text(json.dumps(res, indent=1, default=str))
+    tmp.replace(work / f"{phase}.json")
 
 
 if __name__ == "__main__":
