@@ -250,3 +250,16 @@ def test_the_prefix_gives_an_isolated_interpreter_the_repository_and_site_packag
     out = subprocess.run([str(plain), "-I", "-c", "import marker_np; print(marker_np.WHERE)"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.stdout.strip() == "site"
+
+
+def test_reap_kills_only_what_a_phase_left_under_its_work_folder(tmp_path):
+    work = tmp_path / "work"
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"{work}/triton/stub"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"{tmp_path}/elsewhere"])
+    try:
+        assert runner.reap(work) == [left.pid]
+        assert left.wait(timeout=10) != 0 and other.poll() is None
+    finally:
+        for p in (left, other):
+            p.kill()
+            p.wait()

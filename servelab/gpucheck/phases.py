@@ -15,6 +15,7 @@ import json
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -370,6 +371,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
+    # The runner stops a phase past its limit with SIGTERM: unwind like Ctrl-C, so the servers the
+    # phase started (their own process groups) are stopped by its `with` blocks, not left running.
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         res = PHASES[args.phase](args, args.work)
     except Exception as err:  # recorded; the runner goes on to the next phase
@@ -377,6 +381,10 @@ def main(argv=None) -> int:
         res = {"status": "fail", "reason": f"{type(err).__name__}: {err}"[:600], "figures": []}
     _write(args.work, args.phase, res)
     return 0 if res.get("status") == "ok" else 1
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _write(work: Path, phase: str, res: dict) -> None:

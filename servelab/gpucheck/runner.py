@@ -276,6 +276,9 @@ def run_phase(phase: Phase, limit: float, env: dict, work: Path, device: str, ti
         _kill_group(proc)
         output, _ = proc.communicate()
         timed_out = True
+        left = reap(work)
+        if left:
+            output += f"\n[gpu-check] killed {len(left)} process(es) the phase left running: {left}\n"
     res: dict = {}
     if result_file.exists():
         try:
@@ -295,10 +298,55 @@ def run_phase(phase: Phase, limit: float, env: dict, work: Path, device: str, ti
     return res
 
 
+def reap(work: Path) -> list[int]:
+    """Kill what a stopped phase left running under this run's work folder (a Triton stub whose
+    server was killed mid-shutdown, say): every process whose command line names that folder."""
+    import signal
+
+    marker, killed = str(work) + os.sep, []
+    me = _start_ticks(os.getpid())
+    mine = _ancestors()
+    for entry in Path("/proc").iterdir():
+        # only processes started after this run began (its phases' leftovers), never one of ours
+        if not entry.name.isdigit() or int(entry.name) in mine or (_start_ticks(int(entry.name)) or -1) < me:
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in argv:
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+            except OSError:
+                pass
+    return killed
+
+
+def _start_ticks(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot), from /proc/PID/stat."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return pids
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     import signal
 
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+    # SIGTERM unwinds the phase (its servers stop: a Triton stop can take 20 s on a busy host), then SIGKILL.
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
