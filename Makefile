@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.servelab-installed
 
-.PHONY: help setup sysdeps models demo test up down triton site reference notebooks doctor soak fuzz clean kit-archive
+.PHONY: help setup sysdeps models demo test up down triton site reference notebooks doctor soak fuzz clean kit-archive \
+	gpu-pack gpu-check
 
 help:
 	@echo "make demo   - set up, build models, run the local stack and benchmark tour (README's main command)"
@@ -16,6 +17,7 @@ help:
 	@echo "make reference - re-run notebooks 4 and 6 and the tour; write the committed docs/reference/"
 	@echo "make soak   - long soak run;  make fuzz - longer fuzzing run"
 	@echo "make kit-archive - dist/serve-system-chi.tar.gz (tracked files) for Trovi / Chameleon Jupyter"
+	@echo "make gpu-pack - build/gpu-pack/, carried to a lent GPU machine;  make gpu-check - the GPU run there"
 
 # One virtualenv with everything pinned in pyproject.toml.
 $(STAMP): pyproject.toml
@@ -90,6 +92,17 @@ doctor: setup
 KIT_ARCHIVE ?= dist/serve-system-chi.tar.gz
 kit-archive:
 	$(PYTHON) -m servelab.chameleon pack $(KIT_ARCHIVE)
+
+# The GPU run (docs/gpu-reference.md). gpu-pack runs here: build/gpu-pack/ holds one xz archive
+# (tritonserver + the 3.12 stub, perf_analyzer, numpy 1.26, the FastAPI set) that a bare GPU machine
+# lacks. gpu-check runs there, on that machine's python3 (no venv, no setup): at most 8 minutes,
+# at most 8 files in $$OUT (or GPU_CHECK_OUT). GPU_CHECK_ARGS="--device cpu --tiny" is the dry run.
+gpu-pack: setup
+	$(PY) -m servelab gpu-pack
+
+GPU_CHECK_OUT ?= $(or $(OUT),results/gpu-check)
+gpu-check:
+	$(PYTHON) -m servelab.gpucheck --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf build results .pytest_cache

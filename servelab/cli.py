@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "servelab.site",
     "servelab.reference",
     "servelab.chameleon",
+    "servelab.gpucheck",
 )
 
 
