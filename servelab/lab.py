@@ -146,14 +146,17 @@ def models_in_repository(grpc_url: str, admin_key: str | None = None) -> dict[st
 
 
 def unload(model: str, grpc_url: str, admin_key: str | None = None, timeout_s: float = 60.0) -> None:
-    """Ask Triton to take ``model`` out of service (an admin call); return once it is no longer ready."""
+    """Ask Triton to take ``model`` out of service (an admin call); return once it is unloaded
+    (``unload_model`` returns as soon as the unloading starts)."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
         client.unload_model(model, headers=_admin_headers(grpc_url, admin_key))
-        deadline = time.monotonic() + timeout_s
-        while client.is_model_ready(model) and time.monotonic() < deadline:
-            time.sleep(0.5)
     finally:
         client.close()
+    deadline = time.monotonic() + timeout_s
+    while models_in_repository(grpc_url, admin_key).get(model) in ("READY", "UNLOADING"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{model} was not unloaded within {timeout_s:.0f} s")
+        time.sleep(0.2)
