@@ -30,7 +30,7 @@ device = serving.torch_device()          # "cuda" if present, else "cpu"; SERVEL
 # Threads: a request alone gets every core (torch.set_num_threads(cores),
 # the fastest single request); when several are in flight each gets an equal
 # share, one core each at full load, so 16 requests never run 16 x cores
-# threads on the cores (the earlier lab served 16 clients slower than one).
+# threads on the cores.
 # At most one pass per core runs at once; more requests wait in a queue.
 # On a machine kept busy by other programs every pass gets one thread.
 # OpenMP keeps its default wait (spin a few ms, then sleep): PASSIVE made a

@@ -12,6 +12,12 @@ The answer keys are the collapsed "Answer key: ..." cells of notebooks 4 and 6
 if the cell quotes a number that is not in its entry here, if an entry's
 figure is missing from its cell, or if a derived figure no longer follows from
 the figures it is computed from: a key cannot drift from the data it cites.
+``PASSAGES`` does the same for paragraphs outside the keys that quote another
+system's figures.
+
+A sentence anywhere in the kit that speaks of the earlier lab must name one of
+its published files recorded in ``EARLIER_LAB_FILES`` and quote only figures
+read from them (``provenance_problems``; tests/notebooks/test_provenance.py).
 
     python -m servelab.answer_keys        # print the table
 """
@@ -32,37 +38,67 @@ class Source:
     hardware: str
     where: str        # file, or how it was measured
     code: str         # what the code that produced it did
+    files: tuple[str, ...] = ()  # the earlier lab's published files it was read from (EARLIER_LAB_FILES)
 
 
 EARLIER_LAB = "earlier lab (teaching-on-testbeds/serve-system-chi)"
 P100_NODE = "Chameleon gpu_p100 node: 2× Tesla P100"
 
+# The earlier lab's published files this kit reads facts and figures from: a
+# sentence about the earlier lab cites one of these by its path in that lab
+# (tests/notebooks/test_provenance.py). This list is the kit's record: the
+# tests never need the earlier lab itself.
+EARLIER_LAB_FILES = {
+    "workspace/fastapi.ipynb": "its FastAPI notebook; the printed outputs are kept in markdown comments",
+    "workspace/triton.ipynb": "its Triton notebook; perf_analyzer outputs and one statistics document kept in "
+                              "markdown comments",
+    "models_staging/food_classifier/1/model.py": "its Python-backend model (decodes input [0, 0] of each request)",
+    "models_staging/food_classifier_onnx/config.pbtxt": "its ONNX model configuration (input named `input`)",
+    "snippets/intro.md": "its introduction: a 3-hour lease on the P100 node, started on the hour and ended at "
+                         "`YY:55`, and all the material read ahead of the lease",
+    "docker/Dockerfile.triton": "its Triton image: `COPY models /models`, started with "
+                                "`tritonserver --model-repository=/models`",
+}
+
 SOURCES = {
     "earlier-fastapi": Source(
         EARLIER_LAB, P100_NODE,
-        "workspace/4_fastapi.ipynb (outputs kept in its markdown comments)",
-        "100 requests in sequence with `requests`, no warm-up request; throughput printed as "
-        "requests / sum of latencies, i.e. exactly 1 / mean latency; no 16-client figures published",
+        "workspace/fastapi.ipynb (outputs kept in its markdown comments)",
+        "100 requests in sequence with `requests`, right after the notebook had the student send test requests "
+        "through Swagger UI and the web page; throughput printed as requests / sum of latencies, i.e. exactly "
+        "1 / mean latency; the 99th percentile printed in milliseconds labelled `seconds`; no 16-client "
+        "figures published",
+        files=("workspace/fastapi.ipynb",),
     ),
     "earlier-triton": Source(
         EARLIER_LAB, P100_NODE,
         "workspace/triton.ipynb (outputs kept in its markdown comments)",
-        "perf_analyzer with its default stability search; the Python-backend model.py decoded only the "
-        "first image of each request (so -b 16 ran one image per request while perf_analyzer counted 16) "
-        "and reported sigmoid(max logit) as the probability",
+        "perf_analyzer --concurrency-range runs (no request-rate runs) with its default stability search; the "
+        "Python-backend model.py decoded only the first image of each request (so -b 16 ran one image per "
+        "request while perf_analyzer counted 16) and reported sigmoid(max logit) as the probability",
+        files=("workspace/triton.ipynb", "models_staging/food_classifier/1/model.py"),
     ),
     "kit-cpu-fastapi": Source(
         "this kit (ServeLab)", "CPU reference: the 2-core x86 machine the kit is tested on, no GPU",
-        "notebook 4's own `requests` loops against the local stack, measured 2026-11-23 "
-        "(shared/reference/platform-facts.md)",
+        "notebook 4's own `requests` loops against the local stack, measured 2026-11-23; this table is "
+        "the kit's record of them",
         "the services as shipped: one single-threaded inference per core",
     ),
     "kit-cpu-triton": Source(
         "this kit (ServeLab)", "CPU reference: the 2-core x86 machine the kit is tested on, no GPU",
         "notebook 6's perf_analyzer cells (-b 1 and -b 16 at concurrency 1, count windows) against the "
-        "local Triton 2.51, food_classifier with one instance, measured 2026-11-23",
+        "local Triton 2.51, food_classifier with one instance, measured 2026-11-23; this table is the "
+        "kit's record of them",
         "models_staging/food_classifier/1/model.py as shipped: decodes every image of every request and "
         "runs them in one forward pass",
+    ),
+    "kit-gpu-batchcost": Source(
+        "this kit (ServeLab)", "one NVIDIA H100 80GB, measured for this kit on 2026-11-26",
+        "servelab/bench/batchcost.py, GPU_REFERENCE_MS and its comment (commits a8c48d3 and 22da4b4): the "
+        "kit's record",
+        "fastapi_pt/food11.pth in PyTorch 2.11 fp32, forward passes of batches of 1, 2, 4, 8 and 16 with the "
+        "inputs already on the GPU, median of 100 runs after warm-up; copying inputs there and back "
+        "added 0.0-0.3 ms at b=1 and 0.9 ms at b=16. The script that measured it is not in the kit",
     ),
     "derived": Source("arithmetic on the figures above", "-", "the formula given with the figure", "-"),
 }
@@ -97,15 +133,18 @@ def _fig(name, value, unit, what, source, formula=""):
 
 
 _FIGURES = [
-    # ---- earlier lab, FastAPI (workspace/4_fastapi.ipynb) ----
+    # ---- earlier lab, FastAPI (workspace/fastapi.ipynb) ----
     _fig("pt_seq_p50_ms", 17.2, "ms", "FastAPI + PyTorch, sequential: median latency (printed 17.2018)", "earlier-fastapi"),
     _fig("pt_seq_rps", 57.2, "req/s", "FastAPI + PyTorch, sequential: throughput (printed 57.16)", "earlier-fastapi"),
-    _fig("pt_seq_mean_ms", 17.5, "ms", "FastAPI + PyTorch, sequential: mean latency", "derived", "1000 / 57.16"),
+    _fig("pt_seq_mean_ms", 17.5, "ms", "FastAPI + PyTorch, sequential: mean latency", "derived", "1000 / pt_seq_rps"),
     _fig("onnx_seq_p50_ms", 9.25, "ms", "FastAPI + ONNX, sequential: median latency (printed 9.2471)", "earlier-fastapi"),
     _fig("onnx_seq_p95_ms", 11.2, "ms", "FastAPI + ONNX, sequential: 95th percentile (printed 11.2387)", "earlier-fastapi"),
     _fig("onnx_seq_p99_ms", 16.1, "ms", "FastAPI + ONNX, sequential: 99th percentile (printed 16.1481)", "earlier-fastapi"),
     _fig("onnx_seq_rps", 80.66, "req/s", "FastAPI + ONNX, sequential: throughput", "earlier-fastapi"),
     _fig("onnx_seq_mean_ms", 12.4, "ms", "FastAPI + ONNX, sequential: mean latency", "derived", "1000 / onnx_seq_rps"),
+    _fig("onnx_seq_slowest_ms", 207, "ms", "ONNX, sequential: least time the slowest request took, 207.1 from the printed values (numpy's "
+         "percentiles: at most 50 requests <= median, 45 more <= p95, 4 more <= p99; the sum is 100 x mean)",
+         "derived", "100 * 1000 / onnx_seq_rps - 50 * onnx_seq_p50_ms - 45 * onnx_seq_p95_ms - 4 * onnx_seq_p99_ms"),
     _fig("onnx_vs_pt_median", 1.9, "x", "ONNX vs PyTorch: median latency ratio", "derived",
          "pt_seq_p50_ms / onnx_seq_p50_ms"),
     _fig("onnx_vs_pt_rps", 1.4, "x", "ONNX vs PyTorch: throughput ratio", "derived", "onnx_seq_rps / 57.16"),
@@ -158,12 +197,20 @@ _FIGURES = [
          "kit_py_b16_ips / kit_py_c1_ips"),
     # ---- earlier lab, Triton ONNX backend ----
     _fig("onnx_c1_ips", 138.4, "infer/s", "ONNX backend, 1 instance, concurrency 1 (printed 138.444)", "earlier-triton"),
+    _fig("onnx_c1_compute_ms", 4.57, "ms", "ONNX backend, concurrency 1: compute infer (4566 usec)", "earlier-triton"),
+    _fig("onnx_db_rate", 109, "req/s", "the open-loop cells' rate, 0.5 / S(1), with the earlier lab's ONNX compute "
+         "time as S(1)", "derived", "0.5 * 1000 / onnx_c1_compute_ms"),
     _fig("onnx_i2_c8_ips", 1182, "infer/s", "ONNX backend, 2 per GPU, concurrency 8 (printed 1182.39)",
          "earlier-triton"),
     _fig("onnx_i2_c16_ips", 1257, "infer/s", "ONNX backend, 2 per GPU, concurrency 16 (printed 1257.15)",
          "earlier-triton"),
     _fig("onnx_vs_py_best", 6, "x", "ONNX at 8 clients vs the Python backend's best (2 per GPU)", "derived",
          "onnx_i2_c8_ips / py_i2_rps"),
+    # ---- this kit, the model on a GPU (servelab/bench/batchcost.py GPU_REFERENCE_MS) ----
+    _fig("h100_b1_ms", 2.7, "ms", "PyTorch fp32 forward pass, batch of 1, NVIDIA H100 (GPU_REFERENCE_MS[1] = 2.71)",
+         "kit-gpu-batchcost"),
+    _fig("h100_b16_ms", 2.8, "ms", "PyTorch fp32 forward pass, batch of 16, NVIDIA H100 (GPU_REFERENCE_MS[16] = 2.80)",
+         "kit-gpu-batchcost"),
 ]
 FIGURES: dict[str, Figure] = {f.name: f for f in _FIGURES}
 if len(FIGURES) != len(_FIGURES):
@@ -175,9 +222,9 @@ KEYS: list[Key] = [
         settings=(2, 100, 1)),
     Key("4_fastapi", "ONNX, sequential",
         ("pt_seq_p50_ms", "pt_seq_rps", "pt_seq_mean_ms", "onnx_seq_p50_ms", "onnx_seq_p95_ms", "onnx_seq_p99_ms",
-         "onnx_seq_rps", "onnx_seq_mean_ms", "onnx_vs_pt_median", "onnx_vs_pt_rps", "kit_onnx_seq_rps",
+         "onnx_seq_rps", "onnx_seq_mean_ms", "onnx_seq_slowest_ms", "onnx_vs_pt_median", "onnx_vs_pt_rps", "kit_onnx_seq_rps",
          "kit_onnx_seq_p50_ms"),
-        settings=(2, 1)),
+        settings=(2, 1, 100, 99, 50, 45, 4)),
     Key("6_triton", "Python backend, one instance",
         ("py_c1_rps", "py_c1_compute_ms", "py_c8_rps", "py_c8_latency_ms", "py_c8_queue_ms", "py_c8_queue_model_ms"),
         settings=(2, 1, 8, 7, 16, 0)),
@@ -192,11 +239,97 @@ KEYS: list[Key] = [
     Key("6_triton", "ONNX backend",
         ("onnx_c1_ips", "onnx_i2_c8_ips", "onnx_i2_c16_ips", "onnx_vs_py_best"),
         settings=(2, 1, 8, 16)),
-    Key("6_triton", "dynamic batching",
+    Key("6_triton", "dynamic batching on the Python model",
         ("py_db_c8_rps", "py_db_c8_latency_ms", "py_db_c8_queue_ms", "py_db_c8_compute_ms", "py_c8_rps",
-         "py_c8_latency_ms", "py_db_inferences", "py_db_executions", "py_db_avg_batch", "py_db_max_batch"),
-        settings=(2, 8, 1, 0, 4, 6, 10, 100, 60)),
+         "py_c8_latency_ms", "py_c8_queue_ms", "py_db_inferences", "py_db_executions", "py_db_avg_batch",
+         "py_db_max_batch"),
+        settings=(2, 8, 1, 0, 4, 6, 10, 100, 16)),
+    Key("6_triton", "dynamic batching, steady and bursty arrivals",
+        ("onnx_c1_compute_ms", "onnx_db_rate"),
+        settings=(2, 0.5, 1.0, 1, 16)),
 ]
+
+# Paragraphs outside the answer keys that quote figures about another system
+# (the earlier lab, a GPU): the same check as a key, on the paragraph that
+# starts with ``summary``.
+PASSAGES: list[Key] = [
+    Key("6_triton", "Whether that helps depends on one fact about your hardware",
+        ("h100_b1_ms", "h100_b16_ms"), settings=(16, 1)),
+    Key("6_triton", "One copy without batching serves at most",
+        ("onnx_c1_ips", "onnx_c1_compute_ms"), settings=(1, 32)),
+]
+
+# --------------------------------------------------------------------------
+# Sentences about the earlier lab
+# --------------------------------------------------------------------------
+
+# What counts as a sentence about the earlier lab.
+EARLIER_MENTION = re.compile(r"\bearlier (?:lab|version)\b|\bthat lab\b", re.I)
+
+# Numbers a sentence about the earlier lab may carry besides its figures: the
+# earlier lab's own settings, as its files set them (2 GPUs, GPU 0, 1/2/4 instances
+# per GPU, 8 and 16 clients, 100 requests per loop, -b 16, max_batch_size 16,
+# preferred batch sizes 4, 6, 8, 10, a queue delay of 100 µs).
+EARLIER_LAB_SETTINGS = (0, 1, 2, 4, 6, 8, 10, 16, 100)
+
+
+def _traces_to_earlier(name: str, seen: frozenset = frozenset()) -> bool:
+    fig = FIGURES[name]
+    if fig.source != "derived":
+        return bool(SOURCES[fig.source].files)
+    names = [n for n in re.findall(r"[A-Za-z_]\w*", fig.formula) if n in FIGURES and n not in seen]
+    return bool(names) and all(_traces_to_earlier(n, seen | {name}) for n in names)
+
+
+def earlier_figures() -> dict[str, Figure]:
+    """Figures read from the earlier lab's published files, or derived only from such figures."""
+    return {name: f for name, f in FIGURES.items() if _traces_to_earlier(name)}
+
+
+def units(text: str) -> list[str]:
+    """A text cut into sentences; a table row is one unit, a comment's lines are joined."""
+    out = []
+    for para in re.split(r"\n\s*\n", text):
+        chunks: list[list[str]] = [[]]
+        for raw in para.splitlines():
+            line = re.sub(r"^\s*(?:#+|//|>)?\s?", "", raw)
+            if line.lstrip().startswith("|"):
+                out.append(line)                      # a table row
+                continue
+            if re.match(r"\s*(?:[*-]|\d+\.)\s", line):  # a list item starts a new unit
+                chunks.append([])
+            chunks[-1].append(line.strip())
+        for chunk in chunks:
+            prose = " ".join(chunk)
+            out += [u for u in re.split(r"(?<=[.!?])\s+(?=[A-Z*(`])", prose) if u.strip()]
+    return out
+
+
+def provenance_problems(where: str, text: str) -> list[str]:
+    """Sentences of ``text`` about the earlier lab that name none of its recorded files, or
+    quote a number that is neither one of its figures (FIGURES) nor one of its settings."""
+    allowed = {f.value for f in earlier_figures().values()} | set(EARLIER_LAB_SETTINGS)
+    out = []
+    for unit in units(text):
+        if not EARLIER_MENTION.search(unit):
+            continue
+        short = unit.strip()[:160]
+        if not any(path in unit for path in EARLIER_LAB_FILES):
+            out.append(f"{where}: about the earlier lab, without its source file: {short!r}")
+        for v in numbers_in(unit):
+            if v not in allowed:
+                out.append(f"{where}: {v:g} is attributed to the earlier lab but is none of its recorded "
+                           f"figures or settings: {short!r}")
+    return out
+
+
+def paragraph(text: str, start: str) -> str | None:
+    """The paragraph of ``text`` that starts with ``start`` (for PASSAGES)."""
+    for para in re.split(r"\n\s*\n", text):
+        if para.strip().startswith(start):
+            return para
+    return None
+
 
 # --------------------------------------------------------------------------
 # Checking a key's text against its entry

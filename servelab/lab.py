@@ -184,3 +184,43 @@ def reload_from_files(model: str, grpc_url: str, admin_key: str | None = None) -
         return client.get_model_config(model, as_json=True)["config"]
     finally:
         client.close()
+
+
+def _admin_headers(grpc_url: str, admin_key: str | None) -> dict | None:
+    """The admin header for Triton's model-repository API: the given key, else a local Triton's."""
+    host, _, port = grpc_url.rpartition(":")
+    if not admin_key and host in ("127.0.0.1", "localhost") and port.isdigit():
+        from servelab import triton
+
+        state = triton.read_state(grpc_port=int(port))
+        admin_key = state.get("admin_key") if state else None
+    return {"triton-grpc-protocol-admin-key": admin_key} if admin_key else None
+
+
+def models_in_repository(grpc_url: str, admin_key: str | None = None) -> dict[str, str]:
+    """Every model in Triton's repository and its state (``READY``, ``UNAVAILABLE``, ...)."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        index = client.get_model_repository_index(headers=_admin_headers(grpc_url, admin_key), as_json=True)
+        return {m["name"]: m.get("state", "") for m in index.get("models", [])}
+    finally:
+        client.close()
+
+
+def unload(model: str, grpc_url: str, admin_key: str | None = None, timeout_s: float = 60.0) -> None:
+    """Ask Triton to take ``model`` out of service (an admin call); return once it is unloaded
+    (``unload_model`` returns as soon as the unloading starts)."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        client.unload_model(model, headers=_admin_headers(grpc_url, admin_key))
+    finally:
+        client.close()
+    deadline = time.monotonic() + timeout_s
+    while models_in_repository(grpc_url, admin_key).get(model) in ("READY", "UNLOADING"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{model} was not unloaded within {timeout_s:.0f} s")
+        time.sleep(0.2)

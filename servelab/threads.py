@@ -7,8 +7,7 @@ gets an equal share (one core each on a 2-core machine). Why:
   ``torch`` or ONNX Runtime default does this, and a lab that is slower than
   the plain code at one client teaches the wrong thing);
 * N passes at once on all cores each run N x cores threads on the cores:
-  threads wait on each other at every layer and every request gets slower
-  (the earlier lab's 2 instances on 2 threads each were 2.7x slower);
+  threads wait on each other at every layer and every request gets slower;
 * on a machine kept busy by other work (load average above 3 x the cores)
   every inference gets one thread: a multi-threaded pass waits at every layer
   for all its threads to be scheduled at once.

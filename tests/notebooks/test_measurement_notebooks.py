@@ -81,7 +81,7 @@ def _handed_in(results, name: str) -> None:
 def test_4_fastapi_runs_against_the_local_stack(tmp_path, jupyter_image_env):
     from servelab import stack
 
-    with stack.running(["fastapi_pt", "fastapi_onnx"], free_ports=True) as st:
+    with stack.running(["fastapi_pt", "fastapi_onnx", "flask"], free_ports=True) as st:
         env = image_kernel_env(jupyter_image_env, **st.env, SERVELAB_NB_SEQUENTIAL="20",
                                SERVELAB_NB_CONCURRENT="48", SERVELAB_NB_SWEEP="32",
                                SERVELAB_RESULTS_DIR=str(tmp_path / "results"))
@@ -91,7 +91,10 @@ def test_4_fastapi_runs_against_the_local_stack(tmp_path, jupyter_image_env):
     text = notebook_text(nb)
     assert f"Python {imagekit.images()['jupyter'].python}" in _kernel_banner(nb)
     passed = _no_failed_check(text)
-    assert len(passed) == 6, passed
+    assert len(passed) == 7, passed
+    # the restored hands-on parts: the service's code read, the web page retested after the swap
+    assert "class PredictRequest(BaseModel):" in text and "the model runs here: logits = model(batch)" in text
+    assert "the web page still classifies a photo" in text
     # The loops report what the lab asks for, with units, and count failures separately.
     assert re.search(r"PyTorch, sequential: 20 succeeded, 0 failed", text)
     assert re.search(r"ONNX, 16 clients: 48 succeeded, 0 failed", text)
@@ -172,7 +175,15 @@ def test_6_triton_runs_against_a_local_triton(tmp_path, jupyter_sdk_image_env):
         assert _kernel_banner(nb) == "Python 3.10"
         assert "raw ONNX Runtime:" not in text  # the image has no onnxruntime: only the curve through Triton
     passed = _no_failed_check(text)
-    assert len(passed) == 17, passed
+    assert len(passed) == 19, passed
+    # the restored hands-on parts: the ONNX model added to the running server, dynamic batching
+    # on the Python model at 8 clients with its batch-size histogram, an answer cell per question
+    assert "models in the repository: {'food_classifier': 'READY', 'food_classifier_onnx': 'UNAVAILABLE'}" in text
+    assert re.search(r"dynamic batching on : [0-9.]+ infer/s, queue [0-9.]+ ms, compute [0-9.]+ ms per request; "
+                     r"executions per batch size \{", text)
+    questions = [c for c in nb.cells if "hand-in" in c.metadata.get("tags", [])]
+    answers = [c for c in nb.cells if "answer" in c.metadata.get("tags", [])]
+    assert len(questions) == len(answers) == 5 and all("*Answer format:*" in c.source for c in questions)
     # The notebook reconfigured Triton through its files and put them back.
     assert "food_classifier: instances 4 x KIND_CPU" in text or "food_classifier: instances 4 x KIND_GPU" in text
     assert "dynamic batching on" in text
