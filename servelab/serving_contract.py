@@ -168,6 +168,28 @@ class _JsonShape:
                                  "send one flat object like {\"image\": \"<base64 JPEG/PNG>\"}.")
 
 
+# Headers that say how a body is framed or what it is: sent twice, one part of
+# the stack may believe the first and another the last (a smuggling classic;
+# here it once let a costly body past the shape count below).
+FRAMING_HEADERS = ("content-type", "content-length", "transfer-encoding")
+
+
+def repeated_framing_headers(headers) -> list[str]:
+    """The framing headers (lower case) that ``headers`` holds more than once.
+    ``headers``: (name, value) pairs, bytes (ASGI) or str (WSGI servers)."""
+    seen: dict[str, int] = {}
+    for key, _ in headers:
+        name = (key.decode("latin-1") if isinstance(key, bytes) else str(key)).lower()
+        if name in FRAMING_HEADERS:
+            seen[name] = seen.get(name, 0) + 1
+    return [name for name in FRAMING_HEADERS if seen.get(name, 0) > 1]
+
+
+def repeated_message(names: list[str]) -> str:
+    shown = ", ".join("-".join(part.capitalize() for part in n.split("-")) for n in names)
+    return f"The request repeats the {shown} header; send each of these headers once."
+
+
 class BodySizeLimit:
     """ASGI middleware: answer 413 (JSON) to a request body over ``max_bytes``.
 
@@ -178,7 +200,11 @@ class BodySizeLimit:
 
     A JSON body is also counted for its shape as it arrives (C-speed byte
     counts per chunk): more than ``MAX_JSON_CONTAINERS`` objects/arrays or
-    ``MAX_JSON_ITEMS`` items is a 422 ``invalid_request`` before parsing."""
+    ``MAX_JSON_ITEMS`` items is a 422 ``invalid_request`` before parsing.
+    The shape is counted on every body, whatever its ``Content-Type``.
+
+    A request that repeats ``Content-Type``, ``Content-Length`` or
+    ``Transfer-Encoding`` is a 400 ``repeated_header`` before its body is read."""
 
     def __init__(self, app, max_bytes: int = MAX_BODY_BYTES):
         global JsonTooComplex
@@ -192,9 +218,16 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        headers = scope.get("headers", ())
+        repeated = repeated_framing_headers(headers)
+        if repeated:
+            # Two Content-Type (or -Length, Transfer-Encoding) headers: parts of
+            # a stack may each believe a different one. Refused, body unread.
+            await self._send_json(send, 400, {"error": "repeated_header", "message": repeated_message(repeated)})
+            return
         declared = None
-        for key, value in scope.get("headers", ()):
-            if key == b"content-length":
+        for key, value in headers:
+            if key.lower() == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
@@ -202,8 +235,10 @@ class BodySizeLimit:
         if declared is not None and declared > self.max_bytes:
             await self._send_413(send)
             return
-        content_type = dict(scope.get("headers", ())).get(b"content-type", b"").decode("latin-1")
-        shape = _JsonShape() if not content_type or _is_json_content_type(content_type) else None
+        # Every body is counted for its shape, whatever type it declares: the
+        # /predict body is one flat JSON object, and what FastAPI parses does
+        # not depend on what this middleware believes the type is.
+        shape = _JsonShape()
 
         received = 0
         started = False
@@ -234,8 +269,12 @@ class BodySizeLimit:
             await self._send_413(send)
 
     async def _send_413(self, send):
-        body = json.dumps(_body_too_large_message(self.max_bytes)).encode()
-        await send({"type": "http.response.start", "status": 413,
+        await self._send_json(send, 413, _body_too_large_message(self.max_bytes))
+
+    @staticmethod
+    async def _send_json(send, status: int, message: dict):
+        body = json.dumps(message).encode()
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
