@@ -142,8 +142,9 @@ def _new_json_too_complex():
     class JsonTooComplex(HTTPException):
         error = "invalid_request"
 
-        def __init__(self, message: str):
-            super().__init__(status_code=422, detail=message)
+        def __init__(self, message: str, status_code: int = 422, error: str = "invalid_request"):
+            super().__init__(status_code=status_code, detail=message)
+            self.error = error
 
     return JsonTooComplex
 
@@ -151,21 +152,36 @@ def _new_json_too_complex():
 JsonTooComplex = None  # the class, made on first use (starlette is imported lazily)
 
 
-class _JsonShape:
-    """Counts a JSON body's objects/arrays and items chunk by chunk."""
+def _media_type_message(content_type: str | None) -> str:
+    sent = f"was sent as {content_type.split(';')[0].strip()}" if content_type else "has no Content-Type"
+    return (f"The request body {sent}; send JSON with Content-Type: application/json, "
+            "like {\"image\": \"<base64 JPEG/PNG>\"}.")
 
-    def __init__(self):
+
+class _JsonShape:
+    """Counts a body's objects/arrays and items chunk by chunk, whatever its
+    declared type (a body declared as something else that trips the count is
+    a 415: it is not the JSON the endpoint takes)."""
+
+    def __init__(self, content_type: str | None = None):
         self.containers = self.items = 0
+        self.content_type = content_type
+        self.declared_json = not content_type or _is_json_content_type(content_type)
+
+    def _refuse(self, message: str):
+        if not self.declared_json:
+            raise JsonTooComplex(_media_type_message(self.content_type), 415, "unsupported_media_type")
+        raise JsonTooComplex(message)
 
     def feed(self, chunk: bytes) -> None:
         self.containers += chunk.count(b"{") + chunk.count(b"[")
         self.items += chunk.count(b",") + chunk.count(b":")
         if self.containers > MAX_JSON_CONTAINERS:
-            raise JsonTooComplex(f"The JSON body nests or holds more than {MAX_JSON_CONTAINERS} objects/arrays; "
-                                 "send one flat object like {\"image\": \"<base64 JPEG/PNG>\"}.")
+            self._refuse(f"The JSON body nests or holds more than {MAX_JSON_CONTAINERS} objects/arrays; "
+                         "send one flat object like {\"image\": \"<base64 JPEG/PNG>\"}.")
         if self.items > MAX_JSON_ITEMS:
-            raise JsonTooComplex(f"The JSON body holds more than {MAX_JSON_ITEMS} items (keys or values); "
-                                 "send one flat object like {\"image\": \"<base64 JPEG/PNG>\"}.")
+            self._refuse(f"The JSON body holds more than {MAX_JSON_ITEMS} items (keys or values); "
+                         "send one flat object like {\"image\": \"<base64 JPEG/PNG>\"}.")
 
 
 # Headers that say how a body is framed or what it is: sent twice, one part of
@@ -238,7 +254,8 @@ class BodySizeLimit:
         # Every body is counted for its shape, whatever type it declares: the
         # /predict body is one flat JSON object, and what FastAPI parses does
         # not depend on what this middleware believes the type is.
-        shape = _JsonShape()
+        content_type = next((v.decode("latin-1") for k, v in headers if k.lower() == b"content-type"), None)
+        shape = _JsonShape(content_type)
 
         received = 0
         started = False
@@ -354,13 +371,8 @@ def install_error_handlers(app) -> None:
         content_type = request.headers.get("content-type")
         body_sent = not any(e.get("type") == "missing" and tuple(e.get("loc", ())) == ("body",) for e in errors)
         if body_sent and request.method in ("POST", "PUT", "PATCH") and not _is_json_content_type(content_type):
-            sent = f"was sent as {content_type.split(';')[0].strip()}" if content_type else "has no Content-Type"
-            return JSONResponse(
-                {"error": "unsupported_media_type",
-                 "message": f"The request body {sent}; send JSON with Content-Type: "
-                            "application/json, like {\"image\": \"<base64 JPEG/PNG>\"}."},
-                status_code=415,
-            )
+            return JSONResponse({"error": "unsupported_media_type", "message": _media_type_message(content_type)},
+                                status_code=415)
         detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
                   for e in errors]
         return JSONResponse(
@@ -373,6 +385,8 @@ def install_error_handlers(app) -> None:
         parse_error = _body_parse_error(exc)
         if exc.status_code == 413:
             body = {"error": "body_too_large", "message": str(exc.detail)}
+        elif getattr(exc, "error", None) == "unsupported_media_type":
+            body = {"error": "unsupported_media_type", "message": str(exc.detail)}
         elif getattr(exc, "error", None) == "invalid_request" or parse_error:
             # The contract's 422 for a body that is not the documented JSON
             # (FastAPI's own answer to a parser failure is a bare 400).

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from servelab import paths, procs
 from servelab.stubs import cmdline, stub_argv, stub_model
+from servelab.threads import remove_locks as remove_core_locks
 from servelab.triton.install import GRPC_ADMIN_HEADER
 
 
@@ -74,6 +75,7 @@ def terminate(pid: int, shm_prefix: str, timeout: float, proc: subprocess.Popen 
     stubs |= {s.pid for s in stub_processes(pid, shm_prefix)}
     forced += _kill_stubs(stubs)
     forced += _remove_shm(shm_prefix)
+    remove_core_locks(pid)   # its instances' core-share lock files (servelab.threads)
     return forced
 
 

@@ -148,14 +148,41 @@ def test_fastapi_refuses_the_attack_before_reading_it(fastapi_server):
     assert json.loads(body)["error"] == "repeated_header"
 
 
-def test_shape_count_runs_whatever_the_declared_type(fastapi_server):
-    """The same costly body with one Content-Type: text/plain is refused by
-    the shape count (422) instead of reaching a parser."""
+@pytest.mark.parametrize("content_type,status", [(b"application/json", 422), (b"text/plain", 415),
+                                                  (b"multipart/form-data; boundary=x", 415)])
+def test_shape_count_runs_whatever_the_declared_type(content_type, status):
+    """The costly body is stopped at its first chunk whatever type it
+    declares: 422 as JSON, 415 (not the JSON the endpoint takes) otherwise."""
+    import asyncio
+
+    from servelab.serving_contract import BodySizeLimit
+
+    chunks = [ATTACK_BODY[i:i + 65536] for i in range(0, len(ATTACK_BODY), 65536)]
+    read = []
+
+    async def receive():
+        read.append(1)
+        return {"type": "http.request", "body": chunks[len(read) - 1], "more_body": len(read) < len(chunks)}
+
+    async def app(scope, receive, send):
+        while (await receive()).get("more_body"):
+            pass
+        raise AssertionError("the whole body reached the app")
+
+    async def send(message):
+        pass
+
+    with pytest.raises(Exception) as caught:
+        asyncio.run(BodySizeLimit(app)({"type": "http", "headers": [(b"content-type", content_type)]}, receive, send))
+    assert getattr(caught.value, "status_code", None) == status and len(read) == 1, (caught.value, len(read))
+
+
+def test_costly_body_declared_as_text_is_refused(fastapi_server):
     status, body, _ = send_raw(_port(fastapi_server.url),
                                [b"Content-Type: text/plain", b"Content-Length: %d" % len(ATTACK_BODY)],
                                ATTACK_BODY, wait_before_body=0.0)
-    assert status == 422, (status, body[:300])
-    assert json.loads(body)["error"] == "invalid_request"
+    assert status == 415, (status, body[:300])
+    assert json.loads(body)["error"] == "unsupported_media_type"
 
 
 @pytest.fixture(scope="module")
