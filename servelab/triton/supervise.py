@@ -1,0 +1,156 @@
+"""Bring back a model whose Python-backend stub died (the local stack's
+Triton wrapper, ``servelab.stack_triton``, runs this twice a second).
+
+Each instance of a Python-backend model is a stub process, a child of
+tritonserver. When a stub dies on its own (the OOM killer on a big batch, a
+segfault in a native library), Triton 2.51 does not start it again: it keeps
+the model READY and answers every request for that instance with 500 "Stub
+process '<model>_0_0' is not healthy", and the dead stub stays a zombie.
+
+``StubWatch.tick()`` notices such a model:
+
+* a stub it saw before is now a zombie child of tritonserver (seen on two
+  ticks in a row: a stub that Triton itself stops during a reload is reaped
+  within milliseconds), or
+* a stub it saw before is gone and, ``GONE_GRACE_S`` later, the model still
+  runs fewer stubs than its config asks for (a reload in progress starts
+  its new stubs first, so it never looks like that for long);
+
+then unloads the model with the admin key (Triton answers "not ready" for it
+at once) and loads it again from the runtime repository, logging both.
+Triton reaps the zombie when the unloaded instance is finished, which waits
+on the dead stub first (27-30 s after the unload, measured here). A model that keeps dying is reloaded at most
+``RELOADS`` times in a window, then left unloaded (not ready) with a log line.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from servelab.triton.control import instance_count
+from servelab.triton.install import GRPC_ADMIN_HEADER
+from servelab.triton.process import StubProcess, stub_processes
+
+GONE_GRACE_S = 2.0
+RELOADS = (5, 600.0)     # at most 5 reloads of one model in 600 s
+LOAD_TIMEOUT_S = 180.0
+
+
+def _state_and_parent(pid: int) -> tuple[str, int] | None:
+    """(state letter, parent PID) from /proc, or None if the PID is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[1])
+
+
+class StubWatch:
+    """Watches one TritonServer's stubs; ``tick()`` recovers dead ones."""
+
+    def __init__(self, server, log: Callable[[str], None] = print):
+        self.server = server
+        self.log = log
+        self.known: dict[int, StubProcess] = {}
+        self.zombies: set[int] = set()          # seen as zombies once (confirmed on the next tick)
+        self.gone: dict[str, float] = {}        # model -> when one of its stubs vanished
+        self.reloads: dict[str, list[float]] = {}
+        self.given_up: set[str] = set()
+        self.recovered: list[dict] = []         # what tick() did (for tests and the log)
+
+    def tick(self) -> list[str]:
+        """Look once; reload every model with a dead stub. Returns their names."""
+        server_pid = self.server.pid
+        live = {s.pid: s for s in stub_processes(server_pid)}
+        dead: dict[str, str] = {}
+        for pid, stub in list(self.known.items()):
+            if pid in live:
+                continue
+            info = _state_and_parent(pid)
+            if info is not None and info[0] == "Z" and info[1] == server_pid:
+                if pid in self.zombies:
+                    dead[stub.model] = f"stub {stub.instance} (pid {pid}) died and is a zombie"
+                    self.zombies.discard(pid)
+                    del self.known[pid]
+                else:
+                    self.zombies.add(pid)
+                continue
+            self.zombies.discard(pid)
+            del self.known[pid]
+            if info is None:
+                self.gone.setdefault(stub.model, time.monotonic())
+        self.known.update(live)
+        for model, since in list(self.gone.items()):
+            if time.monotonic() - since < GONE_GRACE_S:
+                continue
+            del self.gone[model]
+            missing = self._missing_stubs(model, live)
+            if missing:
+                dead.setdefault(model, f"{missing} of its stubs are gone")
+        for model, why in dead.items():
+            self._recover(model, why)
+        return list(dead)
+
+    def _missing_stubs(self, model: str, live: dict[int, StubProcess]) -> int:
+        """How many stubs ``model`` lacks while Triton reports it READY (0 if unsure)."""
+        try:
+            client = self.server.grpc_client()
+            try:
+                if not client.is_model_ready(model, client_timeout=10):
+                    return 0
+                config = client.get_model_config(model, as_json=True, client_timeout=10)["config"]
+                wanted = instance_count(config)
+            finally:
+                client.close()
+        except Exception:
+            return 0
+        return max(0, wanted - sum(1 for s in live.values() if s.model == model))
+
+    def _allowed(self, model: str) -> bool:
+        now = time.monotonic()
+        recent = [t for t in self.reloads.get(model, []) if now - t < RELOADS[1]] + [now]
+        self.reloads[model] = recent
+        return len(recent) <= RELOADS[0]
+
+    def _recover(self, model: str, why: str) -> None:
+        if model in self.given_up:
+            return
+        stamp = time.strftime("%H:%M:%S")
+        if not self._allowed(model):
+            self.given_up.add(model)
+            self.log(f"{stamp} {model}: {why}; it was reloaded {RELOADS[0]} times in {RELOADS[1]:.0f} s "
+                     f"already, so it stays unloaded (not ready). Fix the cause, then "
+                     f"`python -m servelab triton reload {model}`.")
+            self._unload(model)
+            return
+        self.log(f"{stamp} {model}: {why}; unloading it (not ready) and loading it again with the admin key")
+        t0 = time.monotonic()
+        record = {"model": model, "why": why, "ok": False}
+        try:
+            client = self.server.grpc_client()
+            headers = {GRPC_ADMIN_HEADER: self.server.admin_key}
+            try:
+                client.unload_model(model, headers=headers, client_timeout=30)   # "not ready" from here on
+                client.load_model(model, headers=headers, client_timeout=LOAD_TIMEOUT_S)
+            finally:
+                client.close()
+            record["ok"] = True
+            self.log(f"{time.strftime('%H:%M:%S')} {model}: ready again after {time.monotonic() - t0:.1f} s")
+        except Exception as err:
+            self.log(f"{time.strftime('%H:%M:%S')} {model}: reload failed ({err}); it stays not ready. "
+                     f"Try `python -m servelab triton reload {model}`; Triton's log: {self.server.log_path}")
+        record["seconds"] = round(time.monotonic() - t0, 2)
+        self.recovered.append(record)
+
+    def _unload(self, model: str) -> None:
+        try:
+            client = self.server.grpc_client()
+            try:
+                client.unload_model(model, headers={GRPC_ADMIN_HEADER: self.server.admin_key})
+            finally:
+                client.close()
+        except Exception:
+            pass
