@@ -52,11 +52,20 @@ def _wait_for_death(server) -> None:
     from servelab.triton.supervise import StubWatch
 
     watch = StubWatch(server, log=lambda line: print(line, flush=True))
+    stopping = False
     while server.alive():
         try:
-            watch.tick()
+            if not stopping:
+                watch.tick()
         except Exception as err:   # never let the watch take the server down
             print(f"{time.strftime('%H:%M:%S')} stub watch: {type(err).__name__}: {err}", flush=True)
+        if watch.restart_reason and not stopping:
+            # Only tritonserver can reap its zombie child: stop it (SIGTERM; the
+            # cleanup below reaps what is left) and let main() start it again.
+            print(f"{time.strftime('%H:%M:%S')} {watch.restart_reason}; restarting tritonserver to reap it",
+                  flush=True)
+            server.proc.terminate()
+            stopping = True
         time.sleep(0.5)
     code = server.proc.returncode
     how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"

@@ -18,8 +18,9 @@ process '<model>_0_0' is not healthy", and the dead stub stays a zombie.
 
 then unloads the model with the admin key (Triton answers "not ready" for it
 at once) and loads it again from the runtime repository, logging both.
-Triton reaps the zombie when the unloaded instance is finished, which waits
-on the dead stub first (27-30 s after the unload, measured here). A model that keeps dying is reloaded at most
+Triton reaps the zombie when the old instance is finished; when it never is
+(a request was in flight at the crash), ``restart_reason`` is set after
+``ZOMBIE_GRACE_S`` and the wrapper restarts tritonserver, which reaps it. A model that keeps dying is reloaded at most
 ``RELOADS`` times in a window, then left unloaded (not ready) with a log line.
 """
 
@@ -34,6 +35,12 @@ from servelab.triton.install import GRPC_ADMIN_HEADER
 from servelab.triton.process import StubProcess, stub_processes
 
 GONE_GRACE_S = 2.0
+# After the reload, Triton reaps the dead stub when the old instance is
+# finished. Without load that took ~1 s here; with a request in flight at the
+# crash, the old instance never finished (a zombie for as long as tritonserver
+# ran, 80 s+ measured). Past this grace the watch asks for a restart of
+# tritonserver, the only way to reap it (restart_reason).
+ZOMBIE_GRACE_S = 15.0
 RELOADS = (5, 600.0)     # at most 5 reloads of one model in 600 s
 LOAD_TIMEOUT_S = 180.0
 
@@ -60,12 +67,15 @@ class StubWatch:
         self.reloads: dict[str, list[float]] = {}
         self.given_up: set[str] = set()
         self.recovered: list[dict] = []         # what tick() did (for tests and the log)
+        self.unreaped: dict[int, tuple[str, float]] = {}   # dead stub -> (model, when it was reloaded)
+        self.restart_reason: str | None = None  # set when only a restart of tritonserver can help
 
     def tick(self) -> list[str]:
         """Look once; reload every model with a dead stub. Returns their names."""
         server_pid = self.server.pid
         live = {s.pid: s for s in stub_processes(server_pid)}
         dead: dict[str, str] = {}
+        dead_pids: dict[str, list[int]] = {}
         for pid, stub in list(self.known.items()):
             if pid in live:
                 continue
@@ -73,6 +83,7 @@ class StubWatch:
             if info is not None and info[0] == "Z" and info[1] == server_pid:
                 if pid in self.zombies:
                     dead[stub.model] = f"stub {stub.instance} (pid {pid}) died and is a zombie"
+                    dead_pids.setdefault(stub.model, []).append(pid)
                     self.zombies.discard(pid)
                     del self.known[pid]
                 else:
@@ -92,6 +103,14 @@ class StubWatch:
                 dead.setdefault(model, f"{missing} of its stubs are gone")
         for model, why in dead.items():
             self._recover(model, why)
+            self.unreaped.update({pid: (model, time.monotonic()) for pid in dead_pids.get(model, ())})
+        for pid, (model, since) in list(self.unreaped.items()):
+            info = _state_and_parent(pid)
+            if info is None or info[0] != "Z" or info[1] != server_pid:
+                del self.unreaped[pid]          # Triton reaped it
+            elif time.monotonic() - since > ZOMBIE_GRACE_S:
+                self.restart_reason = (f"Triton has not reaped the dead stub of {model} (pid {pid}, a zombie) "
+                                       f"{ZOMBIE_GRACE_S:.0f} s after the reload: its old instance never finished")
         return list(dead)
 
     def _missing_stubs(self, model: str, live: dict[int, StubProcess]) -> int:

@@ -23,10 +23,10 @@ import requests
 from .test_reload_under_load import _script
 
 # From the kill to the model answering again: detection (two 0.5 s looks),
-# the unload, and a fresh stub loading its model (the ONNX runner ~0.3 s idle;
-# the PyTorch model imports torch: ~3.5 s idle, several times that on a busy
-# 2-core machine).
-RECOVERY_LIMIT_S = {"food_classifier_onnx": 10.0, "food_classifier": 30.0}
+# the unload, and a fresh stub loading its model (the ONNX runner: 0.3 s idle,
+# 2-3 s measured here on a busy 2-core machine).
+MODEL = "food_classifier_onnx"   # its stub restarts in a fraction of torch's time (keeps the test short)
+RECOVERY_LIMIT_S = 10.0
 CLIENTS = 3
 ZOMBIE_LIMIT_S = 60.0
 
@@ -43,6 +43,18 @@ def stack_triton(tmp_path_factory, built_models):
 def _tritonserver(st) -> psutil.Process:
     wrapper = psutil.Process(st.servers["triton"].pid)
     return next(p for p in wrapper.children(recursive=True) if p.name() == "tritonserver")
+
+
+def _restarting(st) -> bool:
+    log = (st.log_dir / "triton.log").read_text(errors="replace")
+    return "restarting tritonserver to reap it" in log and "Triton ready. (restart" not in log
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _zombies(server: psutil.Process) -> list[int]:
@@ -67,10 +79,14 @@ def _readiness(url: str, model: str, stop: threading.Event, seen: list) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("model", ["food_classifier_onnx", "food_classifier"])
-def test_killed_stub_is_brought_back(stack_triton, model):
+def _first(items, cond):
+    return next((x for x in items if cond(x)), None)
+
+
+def test_killed_stub_is_brought_back(stack_triton):
     from servelab.triton.process import stub_processes
 
+    model = MODEL
     url = stack_triton.urls["triton"]
     server = _tritonserver(stack_triton)
     stubs = [s for s in stub_processes(server.pid) if s.model == model]
@@ -87,44 +103,68 @@ def test_killed_stub_is_brought_back(stack_triton, model):
         t_kill = time.perf_counter()
         os.kill(victim.pid, signal.SIGKILL)
         # Serving again: an answer 200 to a request sent after the model was seen not ready.
-        deadline = t_kill + RECOVERY_LIMIT_S[model] + 30   # look past the limit, to report the figure
+        deadline = t_kill + RECOVERY_LIMIT_S + 30   # look past the limit, to report the figure
         t_not_ready = t_back = None
         while time.perf_counter() < deadline and t_back is None:
             time.sleep(0.1)
-            t_not_ready = t_not_ready or next((t for t, c in list(ready_seen) if t > t_kill and c != 200), None)
+            t_not_ready = t_not_ready or _first(list(ready_seen), lambda r: r[0] > t_kill and r[1] != 200)
             if t_not_ready is not None:
-                t_back = next((s.t_done for s in list(load.samples) if s.t_send > t_not_ready and s.status == 200),
-                              None)
-        time.sleep(3.0)   # more load after the recovery
+                t_back = _first(list(load.samples), lambda x: x.t_send > t_not_ready[0] and x.status == 200)
+        # The dead stub must go: reaped by Triton, or by the restart of tritonserver
+        # the wrapper makes when Triton keeps it (servelab.triton.supervise).
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < ZOMBIE_LIMIT_S and _is_zombie(victim.pid):
+            time.sleep(0.5)
+        t_reaped = time.perf_counter()
+        # Serving after the last not-ready answer (a restart is one more outage:
+        # wait for the wrapper to say the restarted server is ready).
+        deadline = t_reaped + RECOVERY_LIMIT_S + 90
+        while time.perf_counter() < deadline and _restarting(stack_triton):
+            time.sleep(0.2)
+        t_settled = time.perf_counter()
+        while time.perf_counter() < deadline:
+            last_down = max([t for t, c in list(ready_seen) if c != 200] + [t_kill, t_settled])
+            t_final = _first(list(load.samples), lambda x: x.t_send > last_down and x.status == 200)
+            if t_final is not None and time.perf_counter() - t_final.t_done > 3.0:
+                break   # 3 s of load after the final recovery
+            time.sleep(0.2)
     finally:
         load.stop()
         stop.set()
         poller.join(10)
-    samples = sorted(load.samples, key=lambda s: s.t_send)
-    gap = [s for s in samples if s.t_done > t_kill and (t_back is None or s.t_send < t_back)]
-    failed_in_gap = [s for s in gap if s.status != 200]
-    after = [s for s in samples if t_back is not None and s.t_send >= t_back]
     wrapper_log = (stack_triton.log_dir / "triton.log").read_text(errors="replace")
-    triton_log = (stack_triton.log_dir / "triton" / "tritonserver.log").read_text(errors="replace")
-    print("\n".join(ln for ln in triton_log.splitlines()[-60:] if model in ln or ln.startswith("E")))
-    errors = sorted({s.error[:120] for s in failed_in_gap})
-    print(f"\n{model}: {before} requests before the kill; not ready {'%.2f s' % (t_not_ready - t_kill) if t_not_ready else 'never'} "
-          f"after it; serving again {'%.2f s' % (t_back - t_kill) if t_back else 'never'} after it "
-          f"(limit {RECOVERY_LIMIT_S[model]:.0f} s); {len(failed_in_gap)} of {len(gap)} requests in the gap failed "
-          f"{errors}; {len(after)} requests after the recovery, "
-          f"{sum(s.status != 200 for s in after)} failed")
+    samples = sorted(load.samples, key=lambda x: x.t_send)
+    last_down = max([t for t, c in ready_seen if c != 200] + [t_kill, t_settled])
+    t_final = _first(samples, lambda x: x.t_send > last_down and x.status == 200)
+    gap = [x for x in samples if x.t_done > t_kill and (t_back is None or x.t_send < t_back.t_send)]
+    restart = [x for x in samples if t_back is not None and x.t_send > t_back.t_send
+               and (t_final is None or x.t_send < t_final.t_send)]
+    after = [x for x in samples if t_final is not None and x.t_send >= t_final.t_send]
+    restarted = "restarting tritonserver to reap it" in wrapper_log
+
+    def ms(t):
+        return f"{t - t_kill:.2f} s" if t is not None else "never"
+
+    def failed(xs):
+        bad = [x for x in xs if x.status != 200]
+        return f"{len(bad)} of {len(xs)} failed {sorted({x.error[:90] for x in bad})}"
+
+    print(f"\n{model}, {CLIENTS} closed-loop clients: {before} requests before the kill; not ready "
+          f"{ms(t_not_ready and t_not_ready[0])} after it; serving again (reload) {ms(t_back and t_back.t_done)} "
+          f"(limit {RECOVERY_LIMIT_S:.0f} s); in that gap {failed(gap)}")
+    print(f"{model}: dead stub {'still a zombie' if _is_zombie(victim.pid) else 'reaped'} at {ms(t_reaped)}"
+          f"{' by a restart of tritonserver' if restarted else ' by Triton'}; serving for good "
+          f"{ms(t_final and t_final.t_done)}; between the reload and then {failed(restart)}; "
+          f"after: {failed(after)}")
+    print("the wrapper's log:\n" + "\n".join(wrapper_log.splitlines()[-12:]))
     assert t_not_ready is not None, f"{model} never answered not ready after its stub was killed"
-    assert t_back is not None and t_back - t_kill <= RECOVERY_LIMIT_S[model], (
-        f"{model} not serving again within {RECOVERY_LIMIT_S[model]} s of the kill:\n{wrapper_log[-2000:]}")
-    assert len(after) > 5, "the load did not run after the recovery"
-    assert all(s.status == 200 for s in after), [s for s in after if s.status != 200][:3]
+    assert t_back is not None and t_back.t_done - t_kill <= RECOVERY_LIMIT_S, (
+        f"{model} not serving again within {RECOVERY_LIMIT_S} s of the kill:\n{wrapper_log[-2000:]}")
     assert f"{model}: stub {victim.instance} (pid {victim.pid}) died" in wrapper_log, wrapper_log[-2000:]
     assert f"{model}: ready again after" in wrapper_log, wrapper_log[-2000:]
-    # Triton reaps the dead stub when the unloaded instance finishes, which
-    # waits on the dead stub first: 27-30 s after the unload, measured here.
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < ZOMBIE_LIMIT_S and _zombies(server):
-        time.sleep(0.5)
-    print(f"{model}: zombies gone {time.perf_counter() - t_kill:.1f} s after the kill")
+    assert not _is_zombie(victim.pid), f"the killed stub {victim.pid} is still a zombie:\n{wrapper_log[-2000:]}"
+    assert t_final is not None and len(after) > 5, f"the load did not run after the recovery:\n{wrapper_log[-2000:]}"
+    assert all(x.status == 200 for x in after), [x for x in after if x.status != 200][:3]
+    server = _tritonserver(stack_triton)
     assert not _zombies(server), f"zombie children of tritonserver left: {_zombies(server)}"
     assert len([s for s in stub_processes(server.pid) if s.model == model]) == len(stubs)
