@@ -9,9 +9,8 @@ process '<model>_0_0' is not healthy", and the dead stub stays a zombie.
 
 ``StubWatch.tick()`` notices such a model:
 
-* a stub it saw before is now a zombie child of tritonserver (seen on two
-  ticks in a row: a stub that Triton itself stops during a reload is reaped
-  within milliseconds), or
+* a stub it saw before is now a zombie child of tritonserver that died of a
+  signal or a non-zero exit (a stub Triton stops during a reload exits 0), or
 * a stub it saw before is gone and, ``GONE_GRACE_S`` later, the model still
   runs fewer stubs than its config asks for (a reload in progress starts
   its new stubs first, so it never looks like that for long);
@@ -45,14 +44,16 @@ RELOADS = (5, 600.0)     # at most 5 reloads of one model in 600 s
 LOAD_TIMEOUT_S = 180.0
 
 
-def _state_and_parent(pid: int) -> tuple[str, int] | None:
-    """(state letter, parent PID) from /proc, or None if the PID is gone."""
+def _state_and_parent(pid: int) -> tuple[str, int, int] | None:
+    """(state letter, parent PID, exit status) from /proc, or None if the PID
+    is gone. The exit status (the last field, waitpid's form: a signal in the
+    low 7 bits, an exit code in the next 8) is set once the process has died."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat.rsplit(")", 1)[1].split()
-    return fields[0], int(fields[1])
+    return fields[0], int(fields[1]), int(fields[-1])
 
 
 class StubWatch:
@@ -81,11 +82,14 @@ class StubWatch:
                 continue
             info = _state_and_parent(pid)
             if info is not None and info[0] == "Z" and info[1] == server_pid:
-                if pid in self.zombies:
-                    dead[stub.model] = f"stub {stub.instance} (pid {pid}) died and is a zombie"
+                if info[2] != 0:
+                    # Killed by a signal or failed: not a stub Triton stopped (those exit 0).
+                    how = f"signal {info[2] & 0x7F}" if info[2] & 0x7F else f"exit code {info[2] >> 8}"
+                    dead[stub.model] = f"stub {stub.instance} (pid {pid}) died ({how}) and is a zombie"
                     dead_pids.setdefault(stub.model, []).append(pid)
-                    self.zombies.discard(pid)
                     del self.known[pid]
+                elif pid in self.zombies:
+                    del self.known[pid]     # exited cleanly (a reload): Triton reaps it
                 else:
                     self.zombies.add(pid)
                 continue
@@ -102,8 +106,8 @@ class StubWatch:
             if missing:
                 dead.setdefault(model, f"{missing} of its stubs are gone")
         for model, why in dead.items():
-            self._recover(model, why)
-            self.unreaped.update({pid: (model, time.monotonic()) for pid in dead_pids.get(model, ())})
+            if self._recover(model, why):
+                self.unreaped.update({pid: (model, time.monotonic()) for pid in dead_pids.get(model, ())})
         for pid, (model, since) in list(self.unreaped.items()):
             info = _state_and_parent(pid)
             if info is None or info[0] != "Z" or info[1] != server_pid:
@@ -134,9 +138,10 @@ class StubWatch:
         self.reloads[model] = recent
         return len(recent) <= RELOADS[0]
 
-    def _recover(self, model: str, why: str) -> None:
+    def _recover(self, model: str, why: str) -> bool:
+        """Reload ``model``; False when it was left alone."""
         if model in self.given_up:
-            return
+            return False
         stamp = time.strftime("%H:%M:%S")
         if not self._allowed(model):
             self.given_up.add(model)
@@ -144,14 +149,19 @@ class StubWatch:
                      f"already, so it stays unloaded (not ready). Fix the cause, then "
                      f"`python -m servelab triton reload {model}`.")
             self._unload(model)
-            return
-        self.log(f"{stamp} {model}: {why}; unloading it (not ready) and loading it again with the admin key")
+            return False
         t0 = time.monotonic()
         record = {"model": model, "why": why, "ok": False}
         try:
             client = self.server.grpc_client()
             headers = {GRPC_ADMIN_HEADER: self.server.admin_key}
             try:
+                if not client.is_model_ready(model, client_timeout=10):
+                    # Someone unloads it (Triton kills a stub that does not stop in time): leave it.
+                    self.log(f"{stamp} {model}: {why}, but it is being unloaded: not reloading it")
+                    return False
+                self.log(f"{stamp} {model}: {why}; unloading it (not ready) and loading it again "
+                         "with the admin key")
                 client.unload_model(model, headers=headers, client_timeout=30)   # "not ready" from here on
                 client.load_model(model, headers=headers, client_timeout=LOAD_TIMEOUT_S)
             finally:
@@ -163,6 +173,7 @@ class StubWatch:
                      f"Try `python -m servelab triton reload {model}`; Triton's log: {self.server.log_path}")
         record["seconds"] = round(time.monotonic() - t0, 2)
         self.recovered.append(record)
+        return True
 
     def _unload(self, model: str) -> None:
         try:

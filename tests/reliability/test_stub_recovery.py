@@ -168,3 +168,28 @@ def test_killed_stub_is_brought_back(stack_triton):
     server = _tritonserver(stack_triton)
     assert not _zombies(server), f"zombie children of tritonserver left: {_zombies(server)}"
     assert len([s for s in stub_processes(server.pid) if s.model == model]) == len(stubs)
+
+
+def test_a_reload_is_not_taken_for_a_dead_stub(stack_triton):
+    """A student's reload under load (instance count 2, then back): the old
+    stubs exit cleanly, the watch leaves them alone, and no request fails."""
+    from servelab.triton.control import reload_model
+
+    grpc_url = f"127.0.0.1:{stack_triton.ports['triton_grpc']}"
+    log_path = stack_triton.log_dir / "triton.log"
+    offset = len(log_path.read_text(errors="replace"))
+    load = _script().Load(stack_triton.urls["triton"], MODEL, CLIENTS, timeout=60.0).start()
+    try:
+        time.sleep(1.0)
+        reload_model(MODEL, {"instance_group": [{"count": 2, "kind": "KIND_CPU"}]}, grpc_url=grpc_url, verbose=False)
+        time.sleep(2.0)
+        reload_model(MODEL, None, grpc_url=grpc_url, verbose=False)
+        time.sleep(3.0)   # more than the watch's looks
+    finally:
+        load.stop()
+    new_log = log_path.read_text(errors="replace")[offset:]
+    failed = [x for x in load.samples if x.status != 200]
+    print(f"\n{MODEL}: 2 reloads under {CLIENTS} clients, {len(load.samples)} requests, {len(failed)} failed; "
+          f"the watch said: {new_log.strip() or 'nothing'}")
+    assert "died" not in new_log and "restarting" not in new_log, new_log
+    assert len(load.samples) > 10 and not failed, failed[:3]
