@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -29,6 +30,7 @@ MODEL = "food_classifier_onnx"   # its stub restarts in a fraction of torch's ti
 RECOVERY_LIMIT_S = 10.0
 CLIENTS = 3
 ZOMBIE_LIMIT_S = 60.0
+SERVERS: set[int] = set()   # every tritonserver PID seen (for the lock-file check at the end)
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +40,19 @@ def stack_triton(tmp_path_factory, built_models):
     log_dir = tmp_path_factory.mktemp("stub-recovery")
     with stack.running(["triton"], free_ports=True, log_dir=log_dir, triton_workdir=log_dir / "triton") as st:
         yield st
+        servers = list(SERVERS)
+        locks = [p.name for pid in servers for p in Path("/dev/shm").glob(f"servelab-cores-{os.getuid()}-{pid}-*")]
+        assert locks, f"no core-share lock file of tritonserver {servers} while it ran"
+    # Stopped: every tritonserver it ran (the restarted one too) left no lock file.
+    left = [p.name for pid in servers for p in Path("/dev/shm").glob(f"servelab-cores-{os.getuid()}-{pid}-*")]
+    assert not left, f"lock files left after the stack stopped: {left}"
 
 
 def _tritonserver(st) -> psutil.Process:
     wrapper = psutil.Process(st.servers["triton"].pid)
-    return next(p for p in wrapper.children(recursive=True) if p.name() == "tritonserver")
+    server = next(p for p in wrapper.children(recursive=True) if p.name() == "tritonserver")
+    SERVERS.add(server.pid)
+    return server
 
 
 def _restarting(st) -> bool:
