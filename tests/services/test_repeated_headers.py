@@ -259,13 +259,14 @@ def _attackers(port: int, stop: threading.Event, answers: list) -> list[threadin
 def test_attack_leaves_ordinary_latency_within_2x_of_idle(fastapi_server):
     """4 clients repeat the attack; an ordinary client's median latency
     stays within 2x of its idle median, measured before and after in the
-    same test. An attempt counts only if the two idle medians agree within
-    1.5x (else this busy machine disturbed the baseline: retried, at most 3
-    attempts, then reported inconclusive)."""
+    same test. An attempt over 2x counts against the server only if its two
+    idle medians agree within 1.5x; two such attempts fail the test (the old
+    code: 38-46x). At most 3 attempts; none within 2x and fewer than two
+    steady ones over it: inconclusive (this busy machine moved the baseline)."""
     payload = {"image": b64(first_jpeg())}
     url = fastapi_server.url
     _ordinary_median(url, payload)   # warm-up
-    attempts = []
+    attempts, strikes = [], 0
     for _ in range(3):
         idle_before = _ordinary_median(url, payload)
         stop, answers = threading.Event(), []
@@ -287,10 +288,12 @@ def test_attack_leaves_ordinary_latency_within_2x_of_idle(fastapi_server):
                 f"{sorted(set(map(str, answers)))}")
         print(f"\n{fastapi_server.name}: {line}")
         attempts.append(line)
-        if loaded > 2 * idle and steady:
-            pytest.fail(f"an ordinary request slowed beside the attack: {line}")
+        if loaded > 2 * idle:
+            strikes += steady
+            if strikes == 2:   # twice, with a steady baseline: the attack slows other users
+                pytest.fail("an ordinary request slowed beside the attack: " + " | ".join(attempts))
+            continue
         assert answers and all(a == 400 for a in answers), line
-        if loaded <= 2 * idle:
-            return
-    pytest.skip("inconclusive: the idle baseline itself moved by more than 1.5x in every attempt "
-                "(a busy machine): " + " | ".join(attempts))
+        return
+    pytest.skip("inconclusive: the idle baseline itself moved by more than 1.5x in the attempts that "
+                "were over 2x (a busy machine): " + " | ".join(attempts))
