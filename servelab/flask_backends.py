@@ -328,6 +328,19 @@ class _TritonBase:
         return bool(ok), f"model {self.model} {'ready' if ok else 'not ready'}"
 
 
+def _checked(name: str, datatype: str, array: np.ndarray) -> None:
+    """Never send Triton an input it would answer with a 500 or a bare NaN
+    (servelab.triton_inputs); such an input is a bug here, not the user's."""
+    from servelab.triton_inputs import BadTritonInput, check_input
+
+    try:
+        check_input(name, datatype, array.shape, array)
+    except BadTritonInput as err:
+        log.error("not sent to Triton: %s", err)
+        raise ClassifyError("The image could not be turned into a valid model input; see the server log.",
+                            status=500, code="invalid_model_input") from None
+
+
 class TritonBackend(_TritonBase):
     """Sends the encoded image; the Python-backend model does the rest."""
 
@@ -339,6 +352,7 @@ class TritonBackend(_TritonBase):
         element = np.array([base64.b64encode(data)], dtype=object)       # dims [1], BYTES
         if self.batched():
             element = element.reshape(1, 1)                                # [batch=1, 1]
+        _checked(TRITON_IMAGE_INPUT, "BYTES", element)
         inp = httpclient.InferInput(TRITON_IMAGE_INPUT, list(element.shape), "BYTES")
         inp.set_data_from_numpy(element)
         outputs = [httpclient.InferRequestedOutput(TRITON_LABEL_OUTPUT),
@@ -363,6 +377,7 @@ class TritonOnnxBackend(_TritonBase):
         x = tensor if tensor is not None else preprocess_upload(data)      # float32 [3, 224, 224]
         if self.batched():
             x = x[np.newaxis]                                              # [1, 3, 224, 224]
+        _checked(ONNX_INPUT, "FP32", x)
         inp = httpclient.InferInput(ONNX_INPUT, list(x.shape), "FP32")
         inp.set_data_from_numpy(x, binary_data=True)
         outputs = [httpclient.InferRequestedOutput(ONNX_OUTPUT, binary_data=True)]

@@ -142,8 +142,9 @@ def _new_json_too_complex():
     class JsonTooComplex(HTTPException):
         error = "invalid_request"
 
-        def __init__(self, message: str):
-            super().__init__(status_code=422, detail=message)
+        def __init__(self, message: str, status_code: int = 422, error: str = "invalid_request"):
+            super().__init__(status_code=status_code, detail=message)
+            self.error = error
 
     return JsonTooComplex
 
@@ -151,21 +152,58 @@ def _new_json_too_complex():
 JsonTooComplex = None  # the class, made on first use (starlette is imported lazily)
 
 
-class _JsonShape:
-    """Counts a JSON body's objects/arrays and items chunk by chunk."""
+def _media_type_message(content_type: str | None) -> str:
+    sent = f"was sent as {content_type.split(';')[0].strip()}" if content_type else "has no Content-Type"
+    return (f"The request body {sent}; send JSON with Content-Type: application/json, "
+            "like {\"image\": \"<base64 JPEG/PNG>\"}.")
 
-    def __init__(self):
+
+class _JsonShape:
+    """Counts a body's objects/arrays and items chunk by chunk, whatever its
+    declared type (a body declared as something else that trips the count is
+    a 415: it is not the JSON the endpoint takes)."""
+
+    def __init__(self, content_type: str | None = None):
         self.containers = self.items = 0
+        self.content_type = content_type
+        self.declared_json = not content_type or _is_json_content_type(content_type)
+
+    def _refuse(self, message: str):
+        if not self.declared_json:
+            raise JsonTooComplex(_media_type_message(self.content_type), 415, "unsupported_media_type")
+        raise JsonTooComplex(message)
 
     def feed(self, chunk: bytes) -> None:
         self.containers += chunk.count(b"{") + chunk.count(b"[")
         self.items += chunk.count(b",") + chunk.count(b":")
         if self.containers > MAX_JSON_CONTAINERS:
-            raise JsonTooComplex(f"The JSON body nests or holds more than {MAX_JSON_CONTAINERS} objects/arrays; "
-                                 "send one flat object like {\"image\": \"<base64 JPEG/PNG>\"}.")
+            self._refuse(f"The JSON body nests or holds more than {MAX_JSON_CONTAINERS} objects/arrays; "
+                         "send one flat object like {\"image\": \"<base64 JPEG/PNG>\"}.")
         if self.items > MAX_JSON_ITEMS:
-            raise JsonTooComplex(f"The JSON body holds more than {MAX_JSON_ITEMS} items (keys or values); "
-                                 "send one flat object like {\"image\": \"<base64 JPEG/PNG>\"}.")
+            self._refuse(f"The JSON body holds more than {MAX_JSON_ITEMS} items (keys or values); "
+                         "send one flat object like {\"image\": \"<base64 JPEG/PNG>\"}.")
+
+
+# Headers that say how a body is framed or what it is: sent twice, one part of
+# the stack may believe the first and another the last (a smuggling classic;
+# here it once let a costly body past the shape count below).
+FRAMING_HEADERS = ("content-type", "content-length", "transfer-encoding")
+
+
+def repeated_framing_headers(headers) -> list[str]:
+    """The framing headers (lower case) that ``headers`` holds more than once.
+    ``headers``: (name, value) pairs, bytes (ASGI) or str (WSGI servers)."""
+    seen: dict[str, int] = {}
+    for key, _ in headers:
+        name = (key.decode("latin-1") if isinstance(key, bytes) else str(key)).lower()
+        if name in FRAMING_HEADERS:
+            seen[name] = seen.get(name, 0) + 1
+    return [name for name in FRAMING_HEADERS if seen.get(name, 0) > 1]
+
+
+def repeated_message(names: list[str]) -> str:
+    shown = ", ".join("-".join(part.capitalize() for part in n.split("-")) for n in names)
+    return f"The request repeats the {shown} header; send each of these headers once."
 
 
 class BodySizeLimit:
@@ -178,7 +216,11 @@ class BodySizeLimit:
 
     A JSON body is also counted for its shape as it arrives (C-speed byte
     counts per chunk): more than ``MAX_JSON_CONTAINERS`` objects/arrays or
-    ``MAX_JSON_ITEMS`` items is a 422 ``invalid_request`` before parsing."""
+    ``MAX_JSON_ITEMS`` items is a 422 ``invalid_request`` before parsing.
+    The shape is counted on every body, whatever its ``Content-Type``.
+
+    A request that repeats ``Content-Type``, ``Content-Length`` or
+    ``Transfer-Encoding`` is a 400 ``repeated_header`` before its body is read."""
 
     def __init__(self, app, max_bytes: int = MAX_BODY_BYTES):
         global JsonTooComplex
@@ -192,9 +234,16 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        headers = scope.get("headers", ())
+        repeated = repeated_framing_headers(headers)
+        if repeated:
+            # Two Content-Type (or -Length, Transfer-Encoding) headers: parts of
+            # a stack may each believe a different one. Refused, body unread.
+            await self._send_json(send, 400, {"error": "repeated_header", "message": repeated_message(repeated)})
+            return
         declared = None
-        for key, value in scope.get("headers", ()):
-            if key == b"content-length":
+        for key, value in headers:
+            if key.lower() == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
@@ -202,8 +251,11 @@ class BodySizeLimit:
         if declared is not None and declared > self.max_bytes:
             await self._send_413(send)
             return
-        content_type = dict(scope.get("headers", ())).get(b"content-type", b"").decode("latin-1")
-        shape = _JsonShape() if not content_type or _is_json_content_type(content_type) else None
+        # Every body is counted for its shape, whatever type it declares: the
+        # /predict body is one flat JSON object, and what FastAPI parses does
+        # not depend on what this middleware believes the type is.
+        content_type = next((v.decode("latin-1") for k, v in headers if k.lower() == b"content-type"), None)
+        shape = _JsonShape(content_type)
 
         received = 0
         started = False
@@ -234,8 +286,12 @@ class BodySizeLimit:
             await self._send_413(send)
 
     async def _send_413(self, send):
-        body = json.dumps(_body_too_large_message(self.max_bytes)).encode()
-        await send({"type": "http.response.start", "status": 413,
+        await self._send_json(send, 413, _body_too_large_message(self.max_bytes))
+
+    @staticmethod
+    async def _send_json(send, status: int, message: dict):
+        body = json.dumps(message).encode()
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
@@ -315,13 +371,8 @@ def install_error_handlers(app) -> None:
         content_type = request.headers.get("content-type")
         body_sent = not any(e.get("type") == "missing" and tuple(e.get("loc", ())) == ("body",) for e in errors)
         if body_sent and request.method in ("POST", "PUT", "PATCH") and not _is_json_content_type(content_type):
-            sent = f"was sent as {content_type.split(';')[0].strip()}" if content_type else "has no Content-Type"
-            return JSONResponse(
-                {"error": "unsupported_media_type",
-                 "message": f"The request body {sent}; send JSON with Content-Type: "
-                            "application/json, like {\"image\": \"<base64 JPEG/PNG>\"}."},
-                status_code=415,
-            )
+            return JSONResponse({"error": "unsupported_media_type", "message": _media_type_message(content_type)},
+                                status_code=415)
         detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
                   for e in errors]
         return JSONResponse(
@@ -334,6 +385,8 @@ def install_error_handlers(app) -> None:
         parse_error = _body_parse_error(exc)
         if exc.status_code == 413:
             body = {"error": "body_too_large", "message": str(exc.detail)}
+        elif getattr(exc, "error", None) == "unsupported_media_type":
+            body = {"error": "unsupported_media_type", "message": str(exc.detail)}
         elif getattr(exc, "error", None) == "invalid_request" or parse_error:
             # The contract's 422 for a body that is not the documented JSON
             # (FastAPI's own answer to a parser failure is a bare 400).

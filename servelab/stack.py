@@ -9,7 +9,7 @@ component      what                                                   default po
 fastapi_pt     FastAPI + PyTorch (``fastapi_pt/app.py``, uvicorn)      8010
 fastapi_onnx   FastAPI + ONNX Runtime (``fastapi_onnx/app.py``)        8011
 triton         the real Triton 2.51 with both lab models               8000/8001/8002
-flask          the web UI (``flask_app/app.py``), backend selectable   5000
+flask          the web UI (``flask_app/app.py``, gunicorn + gevent)   5000
 jupyter        JupyterLab on the repository, token required          8888
 =============  =====================================================  ============
 
@@ -177,7 +177,10 @@ def _command(name: str, host: str, ports: Mapping[str, int], triton_workdir: Pat
         base = f"http://{host}:{ports['triton_http']}"
         return cmd, base + "/v2/health/ready", base, root
     if name == "flask":
-        cmd = [py, str(root / "flask_app" / "app.py")]
+        # The web server the Flask image runs (gunicorn + gevent, with header,
+        # idle and request deadlines: servelab.webserver), not Werkzeug's
+        # development server; HOST and PORT come from the environment.
+        cmd = [py, "-m", "gunicorn", "--config", "python:servelab.webserver", "app:app"]
         base = f"http://{host}:{ports['flask']}"
         return cmd, base + "/", base, root / "flask_app"
     if name == "jupyter":

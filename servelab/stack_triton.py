@@ -1,7 +1,9 @@
 """The local stack's Triton component (``python -m servelab.stack_triton``,
 started by ``servelab.stack``): a small foreground wrapper around
-``servelab.triton`` that stops Triton cleanly on SIGTERM/SIGINT and restarts
-a tritonserver that dies on its own."""
+``servelab.triton`` that stops Triton cleanly on SIGTERM/SIGINT, restarts
+a tritonserver that dies on its own, and reloads a model whose Python-backend
+stub died (``servelab.triton.supervise``: the model answers not ready until
+the reload is done)."""
 
 from __future__ import annotations
 
@@ -45,8 +47,25 @@ def _start(a: argparse.Namespace, previous, restarts: int):
 
 def _wait_for_death(server) -> None:
     """Wait until tritonserver dies on its own; say how, and reap its stubs
-    and shared memory before it is started again."""
+    and shared memory before it is started again. Meanwhile bring back any
+    model whose stub died (servelab.triton.supervise)."""
+    from servelab.triton.supervise import StubWatch
+
+    watch = StubWatch(server, log=lambda line: print(line, flush=True))
+    stopping = False
     while server.alive():
+        try:
+            if not stopping:
+                watch.tick()
+        except Exception as err:   # never let the watch take the server down
+            print(f"{time.strftime('%H:%M:%S')} stub watch: {type(err).__name__}: {err}", flush=True)
+        if watch.restart_reason and not stopping:
+            # Only tritonserver can reap its zombie child: stop it (SIGTERM; the
+            # cleanup below reaps what is left) and let main() start it again.
+            print(f"{time.strftime('%H:%M:%S')} {watch.restart_reason}; restarting tritonserver to reap it",
+                  flush=True)
+            server.proc.terminate()
+            stopping = True
         time.sleep(0.5)
     code = server.proc.returncode
     how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"

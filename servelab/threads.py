@@ -30,12 +30,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Iterator
 
 from servelab import procs
+
+log = logging.getLogger("servelab")
 
 # Instances of one model that can see each other (one lock byte each).
 MAX_PROCESSES = 16
@@ -56,6 +60,54 @@ def machine_busy(cores: int) -> bool:
         return os.getloadavg()[0] > 3 * cores
     except OSError:
         return False
+
+
+def lock_folder() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def lock_path(folder: str, server: int, group: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in group)
+    return os.path.join(folder, f"servelab-cores-{os.getuid()}-{server}-{safe}")
+
+
+def open_lock(path: str) -> int | None:
+    """Open (or create) a group's lock file safely, or None (with a warning).
+
+    The name is predictable and /dev/shm is writable by everyone, so another
+    user could plant a link there: O_NOFOLLOW refuses a symbolic link (the
+    kit never creates or opens its target), and the file must be a regular
+    file with one link, owned by us. Without the file, instances of a model
+    simply do not count each other (each takes every core)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        log.warning("core-share lock %s not opened (%s): instances will not share cores", path, err)
+        return None
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        log.warning("core-share lock %s is not a plain file of ours: not used", path)
+        return None
+    return fd
+
+
+def remove_locks(server: int, folder: str | None = None) -> list[str]:
+    """Delete the lock files of one server's instances (at its stop)."""
+    folder = folder or lock_folder()
+    prefix = f"servelab-cores-{os.getuid()}-{server}-"
+    removed = []
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(prefix)]
+    except OSError:
+        return removed
+    for name in names:
+        try:
+            os.unlink(os.path.join(folder, name))   # unlink never follows a link
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
 
 
 def _remove_stale(folder: str) -> None:
@@ -97,12 +149,10 @@ class CoreShare:
         self._running = 0
         if group:
             # One file per server (a stub's parent is its tritonserver) and model.
-            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in group)
-            folder = lock_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+            folder = lock_dir or lock_folder()
             server = os.getppid() if server is None else server
             _remove_stale(folder)
-            path = os.path.join(folder, f"servelab-cores-{os.getuid()}-{server}-{safe}")
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            self._fd = open_lock(lock_path(folder, server, group))
         self.last = self.cores    # threads handed to the latest inference (for logs and tests)
 
     @property

@@ -18,6 +18,10 @@ port 80, so strangers' clients must not be able to take every worker:
   ``keepalive`` as that deadline;
 * **an idle timeout on the socket** (``IDLE_TIMEOUT_S``): a client that stops
   sending its body, or stops reading the answer, is dropped;
+* **repeated framing headers refused**: a second ``Content-Type``,
+  ``Content-Length`` or ``Transfer-Encoding`` is a 400 before the body is
+  read (``servelab.serving_contract.repeated_framing_headers``, the rule the
+  FastAPI services follow too);
 * **a deadline for the whole request** (``REQUEST_TIMEOUT_S``): a body that
   trickles in below the idle timeout still ends; it is above the backend
   call's own timeout (30 s), so a slow model answer is not cut short.
@@ -52,6 +56,21 @@ limit_request_field_size = 8190
 accesslog = "-"
 
 
+def _refuse_repeated_framing(req, sock) -> bool:
+    """Answer 400 to a request that repeats Content-Type, Content-Length or
+    Transfer-Encoding (gunicorn refuses two Content-Length itself, but hands a
+    second Content-Type to the app, which would believe the last one)."""
+    from gunicorn import util
+
+    from servelab.serving_contract import repeated_framing_headers, repeated_message
+
+    repeated = repeated_framing_headers(req.headers)
+    if not repeated:
+        return False
+    util.write_error(sock, 400, "Bad Request", repeated_message(repeated))
+    return True
+
+
 def _worker_base():
     from gunicorn.workers.ggevent import GeventWorker
 
@@ -72,6 +91,9 @@ class SlowClientSafeWorker(_worker_base()):
 
     def handle_request(self, listener_name, req, sock, addr):
         import gevent
+
+        if _refuse_repeated_framing(req, sock):
+            raise StopIteration()   # answered 400 before the body is read; connection closed
 
         timer = gevent.Timeout(REQUEST_TIMEOUT_S)
         timer.start()

@@ -113,3 +113,53 @@ def test_a_busy_machine_gets_one_thread_per_inference(monkeypatch):
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (1.0, 1.0, 1.0))
     with share.threads() as n:
         assert n == 2
+
+
+# --------------------------------------------------------------------------
+# Issue 38, item 4: the lock files sit at a predictable name in a folder
+# everyone can write (/dev/shm)
+# --------------------------------------------------------------------------
+
+def test_a_planted_symlink_is_not_followed(tmp_path, caplog):
+    """Someone plants a link where a lock file will be: the kit does not
+    create (or open) its target, and inference still runs, alone."""
+    target = tmp_path / "victim" / "created-by-the-kit"
+    target.parent.mkdir()
+    link = threads.lock_path(str(tmp_path), 1, "m")
+    os.symlink(target, link)
+    share = threads.CoreShare(cores=2, group="m", lock_dir=str(tmp_path), server=1)
+    assert not target.exists() and os.path.islink(link)
+    assert "not opened" in caplog.text
+    with share.threads() as n:
+        assert n == 2
+    share.close()
+    # An existing target is not opened either (not truncated, not locked).
+    target.write_text("precious")
+    threads.CoreShare(cores=2, group="m", lock_dir=str(tmp_path), server=1).close()
+    assert target.read_text() == "precious"
+
+
+def test_a_hard_link_or_a_foreign_file_is_not_used(tmp_path, monkeypatch, caplog):
+    mine = tmp_path / "elsewhere"
+    mine.write_text("")
+    os.link(mine, threads.lock_path(str(tmp_path), 1, "m"))
+    share = threads.CoreShare(cores=2, group="m", lock_dir=str(tmp_path), server=1)
+    assert share._fd is None and "not a plain file of ours" in caplog.text
+    share.close()
+    # A regular file owned by another user (as fstat reports it here).
+    real_fstat = os.fstat
+    monkeypatch.setattr(threads.os, "fstat", lambda fd: os.stat_result(
+        (*real_fstat(fd)[:4], os.getuid() + 1, *real_fstat(fd)[5:])))
+    assert threads.open_lock(threads.lock_path(str(tmp_path), 2, "m")) is None
+
+
+def test_lock_files_are_removed_for_a_stopped_server(tmp_path):
+    for server, group in ((7, "a"), (7, "b"), (8, "a")):
+        threads.CoreShare(cores=2, group=group, lock_dir=str(tmp_path), server=server).close()
+    os.symlink(tmp_path / "target", threads.lock_path(str(tmp_path), 7, "c"))
+    (tmp_path / "target").write_text("kept")
+    removed = threads.remove_locks(7, str(tmp_path))
+    assert sorted(removed) == sorted(os.path.basename(threads.lock_path(str(tmp_path), 7, g)) for g in "abc")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [os.path.basename(threads.lock_path(str(tmp_path), 8, "a")), "target"])
+    assert (tmp_path / "target").read_text() == "kept"

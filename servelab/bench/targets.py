@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from servelab.bench import http
+from servelab.triton_inputs import check_input
 
 Check = Callable[[http.Response], bool]
 
@@ -159,9 +160,12 @@ def triton_infer_body(inputs: Sequence[tuple[str, str, Sequence[int], object]],
 
     ``inputs``: ``(name, datatype, shape, data)`` where data is a numpy array
     (numeric) or a list of bytes (BYTES). Returns ``(body, headers)``.
+    Each input is checked first (``servelab.triton_inputs.check_input``): a
+    request Triton would answer with a 500 is never built.
     """
     head_inputs, blobs = [], []
     for name, dtype, shape, data in inputs:
+        check_input(name, dtype, shape, data)
         entry = {"name": name, "shape": list(shape), "datatype": dtype}
         if dtype == "BYTES":
             items = [bytes(x) for x in data]

@@ -192,11 +192,22 @@ def _dockerfile_cmd() -> list[str]:
     return json.loads(line[4:])
 
 
-@pytest.fixture()
-def container_server(onnx_server, tmp_path):
-    """The Flask image's own CMD, run here on loopback (no Docker needed)."""
+@pytest.fixture(params=["image CMD", "servelab up"])
+def container_server(request, onnx_server, tmp_path, monkeypatch):
+    """The Flask image's own CMD, run here on loopback (no Docker needed),
+    then the local stack's Flask (``servelab up``: the same web server)."""
     import os
     import shutil
+
+    if request.param == "servelab up":
+        from servelab import stack
+
+        monkeypatch.setenv("FASTAPI_SERVER_URL", onnx_server.url)   # the stack starts only Flask here
+        with stack.running(["flask"], free_ports=True, flask_backend="fastapi", log_dir=tmp_path) as st:
+            server = st.servers["flask"]
+            assert "python:servelab.webserver" in server.proc.args, server.proc.args
+            yield server
+        return
 
     cmd = _dockerfile_cmd()
     exe = shutil.which(cmd[0], path=os.path.dirname(sys.executable)) or shutil.which(cmd[0])
