@@ -5,6 +5,8 @@ health endpoint, and stopping the whole group without leaving orphans."""
 from __future__ import annotations
 
 import os
+import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -103,6 +105,17 @@ def cpu_model(default: str = "", cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     except OSError:
         pass
     return default
+
+
+def machine_description() -> str:
+    """This machine in one line: host, CPU model, cores, GPU or none."""
+    cpu = cpu_model(default=platform.processor() or platform.machine())
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    gpu = "no GPU" if shutil.which("nvidia-smi") is None else "nvidia-smi present"
+    return f"{platform.node()}: {cpu}, {cores} cores, {gpu}, {platform.system()} {platform.release()}"
 
 
 def cpu_seconds(pid: int) -> float:

@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from servelab import lab, notebooks, paths
+from servelab import lab, notebooks, paths, procs
 
 COMMITTED_DIR = paths.REPO_ROOT / "docs" / "reference"
 MANIFEST = "manifest.json"
@@ -287,8 +287,6 @@ def build(reference_dir: Path = COMMITTED_DIR, scale: str = "lesson", log=print)
     only when every part succeeded)."""
     import nbformat
 
-    from servelab import site
-
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r} (one of {', '.join(SCALES)})")
     problems = [p for p in notebooks.check_sources() if p.split(":")[0].split(".")[0] in NOTEBOOKS]
@@ -297,7 +295,7 @@ def build(reference_dir: Path = COMMITTED_DIR, scale: str = "lesson", log=print)
     settings = SCALES[scale]
     started = time.perf_counter()
     manifest = {
-        "note": NOTE, "machine": site.machine_description(),
+        "note": NOTE, "machine": procs.machine_description(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(), "scale": scale, "tour_scale": settings["tour"],
         "sources": source_hashes(), "checks": {}, "settings": {n: settings[n] for n in NOTEBOOKS},

@@ -35,8 +35,6 @@ import base64
 import datetime as _dt
 import html
 import json
-import os
-import platform
 import re
 import shutil
 import sys
@@ -262,17 +260,6 @@ def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_
 # Reference run: executed notebooks with their outputs
 
 
-def machine_description() -> str:
-    """This machine in one line: host, CPU model, cores, GPU or none."""
-    cpu = procs.cpu_model(default=platform.processor() or platform.machine())
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    gpu = "no GPU" if shutil.which("nvidia-smi") is None else "nvidia-smi present"
-    return f"{platform.node()}: {cpu}, {cores} cores, {gpu}, {platform.system()} {platform.release()}"
-
-
 def save_reference(nb, name: str, reference_dir: Path = REFERENCE_DIR, machine: str | None = None) -> Path:
     """Keep an executed notebook as the site's reference run for ``name``."""
     import nbformat
@@ -280,7 +267,7 @@ def save_reference(nb, name: str, reference_dir: Path = REFERENCE_DIR, machine: 
     reference_dir.mkdir(parents=True, exist_ok=True)
     nb = nbformat.from_dict(json.loads(nbformat.writes(nb)))  # a copy
     nb.metadata["servelab_reference"] = {
-        "machine": machine or machine_description(),
+        "machine": machine or procs.machine_description(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": reference.git_commit(),
         "note": REFERENCE_NOTE,

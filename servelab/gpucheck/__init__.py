@@ -64,7 +64,7 @@ def add_parser(subparsers) -> None:
 
 
 def _cmd_gpu_check(args) -> int:
-    from servelab.gpucheck import runner
+    from servelab.gpucheck import check, runner
 
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     unknown = sorted(set(phases) - set(runner.PHASE_NAMES))
@@ -75,7 +75,7 @@ def _cmd_gpu_check(args) -> int:
     if args.budget is not None and not 10 <= args.budget <= 3600:
         print("error: --budget must be within [10, 3600] seconds", file=sys.stderr)
         return 2
-    return runner.main(out=args.out, pack_dir=args.pack, device=args.device, tiny=args.tiny,
+    return check.main(out=args.out, pack_dir=args.pack, device=args.device, tiny=args.tiny,
                        budget=args.budget, phases=phases)
 
 

@@ -1,0 +1,73 @@
+"""``gpu-check``'s run from start to end: unpack the pack, run each phase under its own limit
+while the sampler records GPU and CPU use, then write the summary (:mod:`servelab.gpucheck.runner`
+runs one phase; :mod:`servelab.gpucheck.summary` writes the files)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from servelab import paths
+from servelab.gpucheck import pack as packmod
+from servelab.gpucheck import runner, summary
+
+
+def main(out: Path | None = None, pack_dir: Path | None = packmod.DEFAULT_DIR, device: str = "auto",
+         tiny: bool = False, budget: float | None = None, phases=runner.PHASE_NAMES) -> int:
+    t_begin = time.time()
+    budget = budget or (runner.TINY_BUDGET_S if tiny else runner.BUDGET_S)
+    if device == "auto":  # a GPU machine is expected to use its GPU; elsewhere nothing is hidden or required
+        device = "cuda" if shutil.which("nvidia-smi") or Path("/dev/nvidia0").exists() else "cpu"
+    out = Path(out or os.environ.get("OUT") or paths.RESULTS_DIR / "gpu-check")
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"servelab-gpu-check-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"gpu-check: device={device} tiny={tiny} budget={budget:.0f} s out={out}", flush=True)
+    try:
+        root, pack_note = runner.unpack(pack_dir, work / "pack")
+    except (RuntimeError, OSError, tarfile.TarError) as err:
+        root, pack_note = None, f"the pack could not be unpacked ({err}): using this interpreter's packages"
+    print(f"  pack: {pack_note}", flush=True)
+    pythons: dict[bool, Path] = {}
+    for stub_numpy in (False, True):
+        try:
+            pythons[stub_numpy] = runner.make_prefix(work / f"py-{int(stub_numpy)}", root, stub_numpy)
+        except OSError as err:
+            pack_note += f"; no prefix ({err}): phases run on {sys.executable} with PYTHONPATH (stubs miss the pack)"
+    sampler = runner.Sampler(out / "samples.csv", use_gpu=device != "cpu")
+    sampler.start()
+    results: list[dict] = []
+    try:
+        for phase in runner.PHASES:
+            if phase.name not in phases:
+                results.append({"phase": phase.name, "status": "skipped", "reason": "not asked for (--phases)"})
+                continue
+            left = budget - (time.time() - t_begin) - 10  # 10 s kept for the summary
+            limit = min(phase.tiny_s if tiny else phase.gpu_s, left)
+            if limit < 5:
+                results.append({"phase": phase.name, "status": "skipped",
+                                "reason": f"no time left in the {budget:.0f} s budget"})
+                print(f"[{phase.name}] skipped: no time left", flush=True)
+                continue
+            sampler.phase = phase.name
+            print(f"[{phase.name}] started (limit {limit:.0f} s)", flush=True)
+            python = pythons.get(phase.stub_numpy)
+            res = runner.run_phase(phase, limit, runner.phase_env(root, phase, device), work, device, tiny, python)
+            sampler.phase = "between"
+            results.append(res)
+            print(f"[{phase.name}] {res['status']} in {res['seconds']:.0f} s"
+                  + (f": {res['reason']}" if res.get("reason") else ""), flush=True)
+    finally:
+        sampler.stop()
+    meta = {"device": device, "tiny": tiny, "budget_s": budget, "pack": pack_note, "sampler": sampler.note,
+            "t0": sampler.t0, "elapsed_s": round(time.time() - t_begin, 1), "python": sys.version.split()[0],
+            "argv": sys.argv}
+    files = summary.write_all(out, results, meta, runner.read_samples(out / "samples.csv"), work)
+    print((out / "summary.md").read_text(), flush=True)
+    print(f"gpu-check: {len(files)} files in {out}: {', '.join(sorted(files))}", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(r["status"] == "ok" for r in results if r["phase"] in phases) else 1
