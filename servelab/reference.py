@@ -271,10 +271,16 @@ def run_6_triton(env_extra: dict, work: Path, log):
 
 
 def run_tour_into(dest: Path, scale: float, work: Path, log) -> dict:
-    from servelab import tour
-
+    # `servelab tour` in its own process: the tour stands above the lab's text in the kit's layers
+    # (CONTRIBUTING.md), so this module runs it by command rather than importing it.
     out = work / "tour"
-    tour.run_tour(tour.TourConfig(scale=scale, out=out), log=lambda m: log(f"  tour: {m}"))
+    cmd = [sys.executable, "-m", "servelab", "tour", "--scale", str(scale), "--out", str(out)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=procs.child_env({"PYTHONPATH": str(paths.REPO_ROOT)})) as proc:
+        for line in proc.stdout:
+            log(f"  tour: {line.rstrip()}")
+    if proc.returncode != 0 or not (out / "report.md").exists():
+        raise RuntimeError(f"the tour failed (exit {proc.returncode}); its output is above")
     dest.mkdir(parents=True, exist_ok=True)
     for png in sorted(out.glob("*.png")):
         (dest / png.name).write_bytes(_shrink_png(png.read_bytes()))
