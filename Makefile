@@ -91,7 +91,7 @@ doctor: setup
 # Trovi artifact. Standard-library Python: no venv needed.
 KIT_ARCHIVE ?= dist/serve-system-chi.tar.gz
 kit-archive:
-	$(PYTHON) -m servelab.chameleon pack $(KIT_ARCHIVE)
+	$(PYTHON) -m servelab.node.chameleon pack $(KIT_ARCHIVE)
 
 # The GPU run (docs/gpu-reference.md). gpu-pack runs here: build/gpu-pack/ holds one xz archive
 # (tritonserver + the 3.12 stub, perf_analyzer, numpy 1.26, the FastAPI set) that a bare GPU machine

@@ -39,8 +39,10 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from servelab import bench, food11, paths, procs, serving
+from servelab import bench
 from servelab.bench import script
+from servelab.core import food11, paths, procs
+from servelab.serve import serving
 
 REPO = Path(__file__).resolve().parents[1]
 

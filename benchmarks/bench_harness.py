@@ -23,8 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from servelab import bench, procs
+from servelab import bench
 from servelab.bench import script
+from servelab.core import procs
 
 TARGET_RPS = 2000
 REPLY = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"

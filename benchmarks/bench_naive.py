@@ -39,8 +39,11 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from servelab import food11, paths, perf, procs, samples, triton
+from servelab import triton
 from servelab.bench import script
+from servelab.core import food11, paths, procs
+from servelab.serve import samples
+from servelab.triton import perf
 
 REPO = Path(__file__).resolve().parents[1]
 NAIVE = Path(__file__).resolve().parent / "naive"

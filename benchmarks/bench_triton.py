@@ -26,8 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from servelab import food11, paths, perf, procs, triton
+from servelab import triton
 from servelab.bench import script
+from servelab.core import food11, paths, procs
+from servelab.triton import perf
 
 ONNX_MODEL = "food_classifier_onnx"
 PT_MODEL = "food_classifier"

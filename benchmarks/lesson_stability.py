@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from servelab import evidence, tour
 from servelab.bench import load, script
+from servelab.measure import evidence, tour
 
 FULL = ("fastapi_pt", "fastapi_onnx", "triton", "flask")
 

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import requests
 
-from servelab import food11, paths, procs
 from servelab.bench import script, stats
 from servelab.bench.targets import triton_infer_body
+from servelab.core import food11, paths, procs
 
 EDITS = (
     ("count 2 + dynamic_batching", {"instance_group": [{"count": 2, "kind": "KIND_CPU"}], "dynamic_batching": {}}),

@@ -45,8 +45,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from servelab import bench, paths, procs
+from servelab import bench
 from servelab.bench import script
+from servelab.core import paths, procs
 
 TARGETS = ("fastapi_onnx", "triton_onnx", "triton_python")
 DEFAULT_TARGETS = ("fastapi_onnx", "triton_onnx")
@@ -54,10 +55,10 @@ DEFAULT_TARGETS = ("fastapi_onnx", "triton_onnx")
 
 def large_images() -> dict[str, bytes]:
     """The largest images the servers accept, of the kinds that cost the most
-    memory to decode; each is checked against servelab.food11's limits."""
+    memory to decode; each is checked against servelab.core.food11's limits."""
     from PIL import Image
 
-    from servelab import food11
+    from servelab.core import food11
 
     def encode(img, fmt, **kw) -> bytes:
         buf = io.BytesIO()
@@ -190,7 +191,7 @@ def print_curve(rec: dict, checkpoint: int) -> None:
 
 
 def run_fastapi_onnx(args) -> dict:
-    from servelab import stack
+    from servelab.local import stack
 
     with stack.running(["fastapi_onnx"], free_ports=True) as st:
         server = st.servers["fastapi_onnx"]

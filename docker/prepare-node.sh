@@ -11,10 +11,10 @@
 # theirs takes seconds.
 # Progress: tail -n 5 ~/prepare-node.log
 set -e
-# the doctor (servelab.doctor, "Background builds") reads this line, and the ready lines below
+# the doctor (servelab.node.doctor, "Background builds") reads this line, and the ready lines below
 trap 'rc=$?; [ $rc -eq 0 ] || echo "== $(date -u +%H:%M:%S) stopped with an error (exit $rc): the notebooks'"'"' own commands redo this step"' EXIT
 cd ~/serve-system-chi
-python3 -m servelab.compose write-env --path docker/.env   # the stacks' secrets (kept if already there)
+python3 -m servelab.node.compose write-env --path docker/.env   # the stacks' secrets (kept if already there)
 
 echo "== $(date -u +%H:%M:%S) models image and model files (notebook 3)"
 docker compose -f ~/serve-system-chi/docker/docker-compose-models.yaml build

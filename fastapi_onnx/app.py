@@ -20,7 +20,8 @@ import onnxruntime as ort
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
-from servelab import food11, serving
+from servelab.core import food11
+from servelab.serve import serving
 
 MODEL_PATH = Path(os.environ.get("MODEL_PATH", Path(__file__).with_name("food11.onnx")))
 

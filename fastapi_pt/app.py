@@ -7,7 +7,7 @@ Try it:   http://127.0.0.1:8010/docs  (Swagger UI: POST /predict → "Try it out
         → {"prediction": "Bread", "probability": 0.93, "model_version": ..., "weights_kind": ...}
     GET  /health   → 200 once the model is loaded (model, backend, device)
 
-Decoding, preprocessing, labels and softmax come from servelab.food11, the
+Decoding, preprocessing, labels and softmax come from servelab.core.food11, the
 same code the ONNX service, Triton and the Flask app use, so every backend
 gives the same answer for the same image.
 """
@@ -20,7 +20,8 @@ import torch
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
-from servelab import food11, serving
+from servelab.core import food11
+from servelab.serve import serving
 
 MODEL_PATH = Path(os.environ.get("MODEL_PATH", Path(__file__).with_name("food11.pth")))
 
@@ -35,7 +36,7 @@ device = serving.torch_device()          # "cuda" if present, else "cpu"; SERVEL
 # On a machine kept busy by other programs every pass gets one thread.
 # OpenMP keeps its default wait (spin a few ms, then sleep): PASSIVE made a
 # 2-thread pass 2x slower, ACTIVE spins idle cores at 100 %.
-cores = serving.core_share(device)       # servelab/threads.py: the mechanism
+cores = serving.core_share(device)       # servelab/serve/threads.py: the mechanism
 torch.set_num_interop_threads(1)         # inter-op: MobileNetV2 is one chain of ops
 # Decoding is bounded too: a photo at the pixel limit is ~120 MB once
 # decoded, so at most one decode per core runs at once, whatever the load.

@@ -18,7 +18,8 @@ import time
 from flask import Flask, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
 
-from servelab import flask_backends, paths
+from servelab.core import paths
+from servelab.serve import flask_backends
 
 app = Flask(__name__)
 # Uploads stay in memory (never saved under the user's file name), and a body

@@ -5,9 +5,9 @@ Each subcommand lives in its own module, which exposes
 subcommands and sets ``func=_cmd_<name>`` (called with the parsed args,
 returns an exit code). Modules are imported only when the CLI starts, so a
 missing optional dependency only breaks its own subcommand. A module that
-also runs alone (``python -m servelab.tour``) ends with
-``raise SystemExit(cli.run_alone("servelab.tour", "tour"))``; only
-``servelab.doctor``, which must run on a node's bare system python3, keeps
+also runs alone (``python -m servelab.measure.tour``) ends with
+``raise SystemExit(cli.run_alone("servelab.measure.tour", "tour"))``; only
+``servelab.node.doctor``, which must run on a node's bare system python3, keeps
 its own stdlib ``main()`` of the same shape.
 """
 
@@ -20,17 +20,17 @@ import sys
 
 # Modules that contribute subcommands, in the order `--help` lists them.
 COMMAND_MODULES = (
-    "servelab.models",
-    "servelab.samples",
+    "servelab.serve.models",
+    "servelab.serve.samples",
     "servelab.triton",
-    "servelab.stack",
-    "servelab.tour",
+    "servelab.local.stack",
+    "servelab.measure.tour",
     "servelab.bench.cli",
-    "servelab.doctor",
-    "servelab.notebooks",
-    "servelab.site",
-    "servelab.reference",
-    "servelab.chameleon",
+    "servelab.node.doctor",
+    "servelab.course.notebooks",
+    "servelab.course.site",
+    "servelab.course.reference",
+    "servelab.node.chameleon",
     "servelab.gpucheck",
 )
 

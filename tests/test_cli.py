@@ -63,9 +63,9 @@ def test_one_convention_add_parser_and_cmd_functions():
 
 def test_a_module_runs_alone_like_its_subcommand(capsys):
     with pytest.raises(SystemExit) as e:
-        cli.run_alone("servelab.site", "site", ["--help"])
+        cli.run_alone("servelab.course.site", "site", ["--help"])
     assert e.value.code == 0 and "--out" in capsys.readouterr().out
-    alone = subprocess.run([sys.executable, "-m", "servelab.tour", "--help"], capture_output=True, text=True)
+    alone = subprocess.run([sys.executable, "-m", "servelab.measure.tour", "--help"], capture_output=True, text=True)
     assert alone.returncode == 0 and "--scale" in alone.stdout
-    bad = subprocess.run([sys.executable, "-m", "servelab.tour", "--scale", "0"], capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-m", "servelab.measure.tour", "--scale", "0"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--scale must be within" in bad.stderr

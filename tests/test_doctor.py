@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from servelab import compose, doctor, paths
-from servelab.doctor import FAIL, PASS, SKIP, WARN, Host
+from servelab.core import paths
+from servelab.node import compose, doctor
+from servelab.node.doctor import FAIL, PASS, SKIP, WARN, Host
 
 P100S = "0, Tesla P100-PCIE-16GB, 6.0, 560.35.03\n1, Tesla P100-PCIE-16GB, 6.0, 560.35.03"
 
@@ -393,7 +394,7 @@ def _docker_engine_here() -> bool:
 def test_doctor_on_this_machine_reports_what_is_missing_and_fails(tmp_path):
     if _docker_engine_here():
         pytest.skip("this host has a Docker engine; the check below is for the engine-less dev machine")
-    out = subprocess.run([sys.executable, "-m", "servelab.doctor", "--env-file", str(tmp_path / "none.env")],
+    out = subprocess.run([sys.executable, "-m", "servelab.node.doctor", "--env-file", str(tmp_path / "none.env")],
                          capture_output=True, text=True, timeout=120, cwd=paths.REPO_ROOT)
     assert out.returncode == 1, out.stdout + out.stderr
     rows = {line[6:].split("  ")[0]: line[:4] for line in out.stdout.splitlines()
@@ -406,7 +407,7 @@ def test_doctor_on_this_machine_reports_what_is_missing_and_fails(tmp_path):
 
 def test_write_env_from_the_command_line(tmp_path):
     env = tmp_path / "docker.env"
-    out = subprocess.run([sys.executable, "-m", "servelab.doctor", "--write-env", "--env-file", str(env),
+    out = subprocess.run([sys.executable, "-m", "servelab.node.doctor", "--write-env", "--env-file", str(env),
                           "--cpu"], capture_output=True, text=True, timeout=120, cwd=paths.REPO_ROOT)
     assert "generated JUPYTER_TOKEN, TRITON_ADMIN_KEY" in out.stdout
     assert compose.missing_secrets(env) == []
@@ -422,7 +423,7 @@ def test_servelab_doctor_is_a_cli_subcommand():
 
 def test_doctor_runs_on_the_standard_library_alone(tmp_path):
     """On the node it runs with the system python3 (no venv): no site-packages at all here (-S -E)."""
-    out = subprocess.run([sys.executable, "-S", "-E", "-m", "servelab.doctor", "--cpu", "--write-env",
+    out = subprocess.run([sys.executable, "-S", "-E", "-m", "servelab.node.doctor", "--cpu", "--write-env",
                           "--env-file", str(tmp_path / "x.env"), "--min-free-gb", "0"],
                          capture_output=True, text=True, timeout=120, cwd=paths.REPO_ROOT)
     assert "Traceback" not in out.stderr, out.stderr

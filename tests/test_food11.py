@@ -1,4 +1,4 @@
-"""servelab.food11: the contract every service shares."""
+"""servelab.core.food11: the contract every service shares."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from servelab import food11
+from servelab.core import food11
 
 
 def _encode(img: Image.Image, fmt: str, **kw) -> bytes:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab import paths
+from servelab.core import paths
 from servelab.gpucheck import pack, runner, summary
 
 REQUIRED_OK = ("probe", "models", "fastapi", "triton")
@@ -159,7 +159,7 @@ def test_packed_layout_is_what_the_kit_looks_for(selection, tmp_path):
             dest.symlink_to(item.src)
     # find_install's own lookup (import pytriton, then tritonserver/ beside it), for the 3.12 stub
     # (this interpreter may be another Python: find_install would refuse it for the missing stub).
-    code = ("from pathlib import Path; import pytriton; from servelab.triton import install; from servelab import perf; "
+    code = ("from pathlib import Path; import pytriton; from servelab.triton import install; from servelab.triton import perf; "
             "i = install.TritonInstall(Path(pytriton.__file__).resolve().parent / 'tritonserver'); "
             "print(i.server if i.server.exists() else 'missing'); print(perf.pytriton_libs()); "
             "print((i.python_backend / 'libtriton_python.so').exists() and i.stub((3, 12)).exists())")

@@ -1,4 +1,4 @@
-"""servelab.handin packs the saved notebook and the measured figures for hand-in."""
+"""servelab.course.handin packs the saved notebook and the measured figures for hand-in."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import zipfile
 
 import numpy as np
 
-from servelab import handin
+from servelab.course import handin
 
 
 def _notebook(path, outputs):
@@ -47,7 +47,7 @@ def test_save_warns_when_the_notebook_was_not_saved(tmp_path, monkeypatch, capsy
 def test_save_says_how_to_fetch_the_zip_before_the_lease_ends(tmp_path, monkeypatch, capsys):
     """On the node (lease-end.txt in the kit's folder): the file-browser path, the node path, the copy cell
     of notebook 7 and the lease clock; locally, only the file-browser path."""
-    from servelab import leaseclock
+    from servelab.node import leaseclock
 
     kit = tmp_path / "serve-system-chi"
     monkeypatch.setenv("SERVELAB_RESULTS_DIR", str(kit / "results"))

@@ -1,8 +1,12 @@
-"""servelab's import graph has no circles (issue 27).
+"""servelab's import graph: layers, and no circles (issue 27).
 
 Every import counts: at the top of a module, inside a function, and under
 ``TYPE_CHECKING``. A circle is a pair (or ring) of modules that each need the
 other; cut it by moving the shared piece down a layer, not by hiding the import.
+
+The subpackages stand in layers (CONTRIBUTING.md has the map). A module imports
+its own subpackage and the layers below it, never a layer above or a sibling on
+its own layer. A new subpackage gets its place in ``LAYERS``.
 """
 
 from __future__ import annotations
@@ -89,6 +93,61 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
                 if len(ring) > 1:
                     found.append(sorted(ring))
     return found
+
+
+# Lowest first. Each entry: the subpackages (or top-level modules) on that layer.
+LAYERS = [
+    {"servelab", "servelab.cli"},          # the package's docstring; the CLI dispatcher (imports by name only)
+    {"servelab.core"},                     # Food-11 contract, paths, process plumbing
+    {"servelab.serve", "servelab.node"},   # what the services share / what runs on the node (stdlib only)
+    {"servelab.triton_runner"},            # runs inside Triton's stubs
+    {"servelab.triton"},                   # the local Triton: install, configs, server, reloads, stubs
+    {"servelab.bench"},                    # load generator, statistics, queueing model, plots
+    {"servelab.local"},                    # the local stack (`servelab up`)
+    {"servelab.course"},                   # lessons, notebooks, site, answer keys, the notebooks' helpers
+    {"servelab.measure"},                  # the tour: experiments, checks, report
+    {"servelab.gpucheck"},                 # the whole GPU run in one command (models, services, Triton, tour)
+    {"servelab.__main__"},
+]
+RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
+
+
+def unit(module: str, package: Path = PACKAGE) -> str:
+    """The subpackage a module belongs to (``servelab.triton.server`` -> ``servelab.triton``)."""
+    parts = module.split(".")
+    if len(parts) > 1 and (package / parts[1]).is_dir():
+        return ".".join(parts[:2])
+    return module
+
+
+def layer_violations(graph: dict[str, set[str]], package: Path = PACKAGE) -> list[str]:
+    bad = []
+    for a, targets in sorted(graph.items()):
+        ua = unit(a, package)
+        if ua not in RANK:
+            bad.append(f"{a}: {ua} has no layer in LAYERS")
+            continue
+        for b in sorted(targets):
+            ub = unit(b, package)
+            if ub != ua and RANK.get(ub, len(LAYERS)) >= RANK[ua]:
+                bad.append(f"{a} imports {b}: {ub} is not below {ua}")
+    return bad
+
+
+def test_servelab_imports_only_downwards():
+    assert layer_violations(import_graph()) == []
+
+
+def test_an_upward_import_is_found(tmp_path):
+    pkg = tmp_path / "servelab"
+    for sub in ("core", "bench"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "bench" / "load.py").write_text("from servelab.core import paths\n")
+    (pkg / "core" / "paths.py").write_text("def f():\n    from servelab.bench import load\n")
+    assert layer_violations(import_graph(pkg), pkg) == [
+        "servelab.core.paths imports servelab.bench.load: servelab.bench is not below servelab.core"]
 
 
 def test_servelab_has_no_import_circles():

@@ -1,5 +1,5 @@
 """Recovery helpers the notebooks call: wait_for_backend says what it waits for and gives up
-with the swap command; servelab.configs restores the model configurations without git."""
+with the swap command; servelab.node.configs restores the model configurations without git."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from servelab import configs, lab, paths
+from servelab.core import paths
+from servelab.course import lab
+from servelab.node import configs
 
 
 class _Health(BaseHTTPRequestHandler):
@@ -92,19 +94,19 @@ def test_restore_puts_edited_configs_back_without_git(tmp_path):
     (repo / "food_classifier_onnx" / "config.pbtxt").unlink()
     assert configs.changed(repo) == ["food_classifier", "food_classifier_onnx"]
     # as on the node: the system python3, standard library only, no git
-    out = subprocess.run([sys.executable, "-S", "-m", "servelab.configs", "restore", "--repository", str(repo)],
+    out = subprocess.run([sys.executable, "-S", "-m", "servelab.node.configs", "restore", "--repository", str(repo)],
                          cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "restored food_classifier/config.pbtxt, food_classifier_onnx/config.pbtxt" in out.stdout
     assert configs.changed(repo) == []
-    again = subprocess.run([sys.executable, "-S", "-m", "servelab.configs", "restore", "--repository", str(repo)],
+    again = subprocess.run([sys.executable, "-S", "-m", "servelab.node.configs", "restore", "--repository", str(repo)],
                            cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert "nothing to restore" in again.stdout
 
 
 def _run_prepare(tmp_path, fail_on: str | None = None):
     """docker/prepare-node.sh as on the node: HOME with the kit in ~/serve-system-chi, a stand-in `docker`
-    on PATH that logs its arguments (and fails on ``fail_on``), the real python3 for servelab.compose."""
+    on PATH that logs its arguments (and fails on ``fail_on``), the real python3 for servelab.node.compose."""
     home = tmp_path / "home"
     kit = home / "serve-system-chi"
     for part in ("servelab", "docker"):
@@ -128,7 +130,7 @@ def _run_prepare(tmp_path, fail_on: str | None = None):
 
 
 def test_prepare_node_builds_in_the_notebooks_order_and_the_doctor_reads_it(tmp_path):
-    from servelab import doctor
+    from servelab.node import doctor
 
     rc, log, calls, kit = _run_prepare(tmp_path)
     assert rc == 0, log.read_text()
@@ -147,7 +149,7 @@ def test_prepare_node_builds_in_the_notebooks_order_and_the_doctor_reads_it(tmp_
 
 
 def test_a_failed_background_step_is_reported_and_the_doctor_says_so(tmp_path):
-    from servelab import doctor
+    from servelab.node import doctor
 
     rc, log, calls, _ = _run_prepare(tmp_path, fail_on="pull")
     assert rc != 0
@@ -171,7 +173,7 @@ def test_the_jupyter_container_sees_the_lease_end_notebook_2_writes(stack):
     folder (the compose file's ..) and its servelab reads SERVELAB_ROOT/lease-end.txt."""
     import yaml
 
-    from servelab import leaseclock
+    from servelab.node import leaseclock
 
     spec = yaml.safe_load((paths.REPO_ROOT / "docker" / f"docker-compose-{stack}.yaml").read_text())
     jupyter = spec["services"]["jupyter"]

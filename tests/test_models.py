@@ -1,4 +1,4 @@
-"""servelab.models: demo weights, export parity, trained weights, idempotent builds."""
+"""servelab.serve.models: demo weights, export parity, trained weights, idempotent builds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from servelab import food11, models, paths
+from servelab.core import food11, paths
+from servelab.serve import models
 
 
 def test_artifacts_placed_with_stamps(built_models):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from servelab import procs
+from servelab.core import procs
 
 # A leader that starts a child in its own group, prints the child's PID, then waits.
 LEADER = """

@@ -7,7 +7,8 @@ import json
 import numpy as np
 from PIL import Image
 
-from servelab import food11, paths, samples
+from servelab.core import food11, paths
+from servelab.serve import samples
 
 
 def test_committed_input_json_equals_generator():

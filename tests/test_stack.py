@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from servelab import paths, procs, stack
+from servelab.core import paths, procs
+from servelab.local import stack
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -98,7 +99,7 @@ def test_up_and_down_leave_no_orphans(built_models, tmp_path):
                PYTHONPATH=str(paths.REPO_ROOT))
     ports = {k: procs.free_port() for k in ("fastapi-onnx", "triton-http", "triton-grpc", "triton-metrics")}
     args = [f"--{k}-port={v}" for k, v in ports.items()]
-    up = subprocess.run([sys.executable, "-m", "servelab.stack", "up", "--only", "fastapi_onnx,triton", *args],
+    up = subprocess.run([sys.executable, "-m", "servelab.local.stack", "up", "--only", "fastapi_onnx,triton", *args],
                         env=env, capture_output=True, text=True, timeout=400, cwd=paths.REPO_ROOT)
     state_file = tmp_path / "stack" / "state.json"
     try:
@@ -123,11 +124,11 @@ def test_up_and_down_leave_no_orphans(built_models, tmp_path):
         shm_prefix = triton_state["shm_prefix"]
         assert list(Path("/dev/shm").glob(f"{shm_prefix}*"))
         # a second `up` on the same state refuses instead of starting twice
-        again = subprocess.run([sys.executable, "-m", "servelab.stack", "up", "--only", "fastapi_onnx", *args],
+        again = subprocess.run([sys.executable, "-m", "servelab.local.stack", "up", "--only", "fastapi_onnx", *args],
                                env=env, capture_output=True, text=True, timeout=60, cwd=paths.REPO_ROOT)
         assert again.returncode == 1 and "already up" in again.stderr
     finally:
-        down = subprocess.run([sys.executable, "-m", "servelab.stack", "down"], env=env,
+        down = subprocess.run([sys.executable, "-m", "servelab.local.stack", "down"], env=env,
                               capture_output=True, text=True, timeout=120, cwd=paths.REPO_ROOT)
     assert down.returncode == 0, down.stdout + down.stderr
     assert "stopped" in down.stdout

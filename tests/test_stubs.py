@@ -1,4 +1,4 @@
-"""servelab.stubs finds Triton's Python-backend processes in the process list
+"""servelab.triton.stubs finds Triton's Python-backend processes in the process list
 and groups them per device (CPU here: no GPU, no nvidia-smi)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from servelab import stubs
+from servelab.triton import stubs
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""servelab.threads: a lone inference gets every core, concurrent ones a share,
+"""servelab.serve.threads: a lone inference gets every core, concurrent ones a share,
 within a process (threads) and across processes (Triton instances)."""
 
 import os
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from servelab import threads
+from servelab.serve import threads
 
 
 @pytest.fixture(autouse=True)

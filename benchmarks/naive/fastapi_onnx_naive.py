@@ -1,7 +1,7 @@
 """Naive reference for bench_naive.py: the FastAPI + ONNX Runtime service a
 student would write from the lab's snippets. Library defaults only (ORT picks
 its own thread count), one model call per request, no thread settings.
-Same preprocessing as the kit (servelab.food11), so only serving differs."""
+Same preprocessing as the kit (servelab.core.food11), so only serving differs."""
 
 import os
 
@@ -10,7 +10,7 @@ import onnxruntime as ort
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from servelab import food11
+from servelab.core import food11
 
 session = ort.InferenceSession(os.environ["MODEL_PATH"], providers=["CPUExecutionProvider"])
 app = FastAPI()

@@ -1,7 +1,7 @@
 """Naive reference for bench_naive.py: the FastAPI + PyTorch service a student
 would write from the lab's snippets. torch defaults (its own thread count, its
 own OpenMP wait policy), one forward pass per request, no thread settings.
-Same preprocessing as the kit (servelab.food11), so only serving differs."""
+Same preprocessing as the kit (servelab.core.food11), so only serving differs."""
 
 import os
 
@@ -9,7 +9,7 @@ import torch
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from servelab import food11
+from servelab.core import food11
 
 model = torch.load(os.environ["MODEL_PATH"], weights_only=False)
 model.eval()

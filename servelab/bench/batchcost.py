@@ -43,8 +43,8 @@ GPU_REFERENCE = (f"the kit's MobileNetV2 on an NVIDIA H100 (PyTorch fp32, measur
 
 
 def _images(b: int) -> np.ndarray:
-    from servelab import food11
     from servelab.bench import targets
+    from servelab.core import food11
     imgs = [food11.preprocess(x) for x in targets.default_images()]
     return np.stack([imgs[i % len(imgs)] for i in range(b)]).astype(np.float32)
 
@@ -64,8 +64,8 @@ def raw_onnx(model_path: str | Path | None = None, sizes: Sequence[int] = SIZES,
     ``threads`` defaults to what one Triton instance gets here (all cores)."""
     import onnxruntime as ort
 
-    from servelab import paths
     from servelab.bench import validity
+    from servelab.core import paths
     path = Path(model_path) if model_path else next(p for p in paths.ONNX_TARGETS if Path(p).exists())
     threads = threads or validity.cores()
     opts = ort.SessionOptions()

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from servelab.bench import http
-from servelab.triton_inputs import check_input
+from servelab.core.triton_inputs import check_input
 
 Check = Callable[[http.Response], bool]
 
@@ -99,7 +99,7 @@ class HTTPTarget(Target):
 
 def default_images() -> list[bytes]:
     """The kit's bundled sample images, as encoded bytes."""
-    from servelab.paths import sample_images
+    from servelab.core.paths import sample_images
     images = [p.read_bytes() for p in sample_images()]
     if not images:
         raise FileNotFoundError("no sample images in servelab/samples/")
@@ -109,7 +109,7 @@ def default_images() -> list[bytes]:
 def _read_image_file(path: str | Path) -> bytes:
     """A regular file of at most food11.MAX_IMAGE_BYTES (what the servers accept):
     never /dev/zero, a FIFO or a multi-GB file read whole into memory."""
-    from servelab import food11
+    from servelab.core import food11
 
     p = Path(path)
     if not p.is_file():
@@ -160,7 +160,7 @@ def triton_infer_body(inputs: Sequence[tuple[str, str, Sequence[int], object]],
 
     ``inputs``: ``(name, datatype, shape, data)`` where data is a numpy array
     (numeric) or a list of bytes (BYTES). Returns ``(body, headers)``.
-    Each input is checked first (``servelab.triton_inputs.check_input``): a
+    Each input is checked first (``servelab.core.triton_inputs.check_input``): a
     request Triton would answer with a 500 is never built.
     """
     head_inputs, blobs = [], []
@@ -268,7 +268,7 @@ def triton_tensor_target(url: str, model: str = "food_classifier_onnx",
     """A tensor model; default tensors are the sample images, preprocessed.
     Each request carries one tensor, or ``batch`` copies of it."""
     if tensors is None:
-        from servelab import food11
+        from servelab.core import food11
         tensors = [food11.preprocess(b) for b in default_images()]
     reqs = [triton_infer_body([(input_name, datatype, [batch, *np.shape(t)], np.stack([t] * batch))],
                               outputs, binary)
@@ -339,7 +339,7 @@ class TritonGRPCTarget(Target):
     def for_tensors(cls, url: str, model: str = "food_classifier_onnx", tensors=None,
                     input_name: str = "input", outputs=("output",), **kw):
         if tensors is None:
-            from servelab import food11
+            from servelab.core import food11
             tensors = [food11.preprocess(b) for b in default_images()]
         payloads = [[(input_name, "FP32", [1, *np.shape(t)], t)] for t in tensors]
         return cls(url, model, payloads, outputs, **kw)

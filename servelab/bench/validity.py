@@ -239,7 +239,7 @@ class LoopTicker:
 
 
 def cores() -> int:
-    from servelab import procs  # the kit's one core count (affinity, cgroup quota)
+    from servelab.core import procs  # the kit's one core count (affinity, cgroup quota)
 
     return procs.cpu_cores()
 

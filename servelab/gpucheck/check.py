@@ -11,7 +11,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from servelab import paths
+from servelab.core import paths
 from servelab.gpucheck import pack as packmod
 from servelab.gpucheck import runner, summary
 

@@ -45,7 +45,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servelab import paths
+from servelab.core import paths
 
 DEFAULT_DIR = paths.BUILD_DIR / "gpu-pack"
 ARCHIVE_NAME = "servelab-gpu-pack.tar.xz"
@@ -151,7 +151,7 @@ def dist_items(sel: Selection, name: str) -> None:
 
 
 def perf_items(sel: Selection) -> None:
-    from servelab import perf
+    from servelab.triton import perf
 
     try:
         sel.add_file(perf.real_binary("perf_analyzer"), "bin/perf_analyzer")

@@ -25,7 +25,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from servelab import paths
+from servelab.core import paths
 
 ONNX_ON_CPU = ("onnxruntime-gpu (235 MiB) does not fit the 64 MiB a device call carries: the ONNX runner and "
                "FastAPI ONNX use the machine's onnxruntime, on CPU")
@@ -85,7 +85,8 @@ def probe(args, work: Path) -> dict:
             info[mod] = getattr(m, "__version__", "?")
         except ImportError as err:
             info[mod] = f"missing: {err}"
-    from servelab import perf, triton
+    from servelab import triton
+    from servelab.triton import perf
 
     try:
         install = triton.find_install()
@@ -129,7 +130,7 @@ def _missing_libs(install) -> list[str]:
 
 
 def _cpus() -> int:
-    from servelab import procs
+    from servelab.core import procs
 
     return procs.cpu_cores()
 
@@ -141,7 +142,7 @@ def _cpus() -> int:
 def models(args, work: Path) -> dict:
     import torch
 
-    from servelab import models as m
+    from servelab.serve import models as m
 
     t0 = time.perf_counter()
     result = m.build(log=print)
@@ -179,7 +180,7 @@ def _load(url: str, body: bytes, n: int, clients: int) -> dict:
 
 
 def fastapi(args, work: Path) -> dict:
-    from servelab import stack
+    from servelab.local import stack
 
     seq, conc = (4, 8) if args.tiny else (100, 400)
     with stack.running(["fastapi_pt"], free_ports=True, log_dir=work / "fastapi-logs") as s:
@@ -222,7 +223,9 @@ PERF_TINY = "--measurement-mode count_windows --measurement-request-count 4 --st
 
 
 def triton_phase(args, work: Path) -> dict:
-    from servelab import perf, procs, triton
+    from servelab import triton
+    from servelab.core import procs
+    from servelab.triton import perf
 
     gpu = _want_gpu(args) and triton.gpu_count() > 0
     kind = "KIND_GPU" if gpu else "KIND_CPU"
@@ -290,7 +293,7 @@ def _ms(us) -> float | None:
 # --------------------------------------------------------------------------
 
 def tour(args, work: Path) -> dict:
-    from servelab import tour as tourmod
+    from servelab.measure import tour as tourmod
 
     out = work / "tour"
     if args.tiny:

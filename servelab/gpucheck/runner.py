@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab import paths
+from servelab.core import paths
 from servelab.gpucheck import pack as packmod
 
 BUDGET_S = 450.0        # the whole run on the GPU machine: under the 8 minutes one device call may take
@@ -146,7 +146,7 @@ def phase_env(root: Path | None, phase: Phase, device: str) -> dict[str, str]:
         extra.append(str(root / "site"))
         env["PATH"] = os.pathsep.join([str(root / "bin"), env.get("PATH", "")])
     else:  # this venv's perf_analyzer (the real binary: the phases run on another bin/)
-        from servelab import perf
+        from servelab.triton import perf
 
         try:
             env["PATH"] = os.pathsep.join([str(perf.real_binary().parent), env.get("PATH", "")])

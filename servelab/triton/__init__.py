@@ -38,7 +38,7 @@ Configs: ``load_config(path)``, ``config_to_dict``, ``describe_config``,
 ``localize_config`` (the local adaptations), ``build_repository`` (the
 runtime repository), all on Triton's own ``ModelConfig`` protobuf schema.
 
-perf_analyzer: :mod:`servelab.perf` (``perf_analyzer_env``, ``install_shim``, ``run``).
+perf_analyzer: :mod:`servelab.triton.perf` (``perf_analyzer_env``, ``install_shim``, ``run``).
 
 ``start(repo=None, *, models=None, host="127.0.0.1", http_port, grpc_port,
 metrics_port, admin_key=None, workdir=None, exit_timeout=3, timeout=240)``
@@ -65,7 +65,7 @@ What "local" changes, said plainly in the output
   container uses.
 * No OpenMP wait policy is set (library default: spin briefly, then sleep);
   a model instance alone uses every core, busy instances share them
-  (``servelab/threads.py``).
+  (``servelab/serve/threads.py``).
 * Everything listens on 127.0.0.1; the model-repository API (load/unload)
   requires the admin key over HTTP (header ``admin-key``) and gRPC (header
   ``triton-grpc-protocol-admin-key``).

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from servelab import paths, procs
+from servelab.core import paths, procs
 from servelab.triton import install, stats
 from servelab.triton.config import apply_edit, describe_config, fragment_to_edit, set_instances
 from servelab.triton.control import model_config, reload_model
@@ -228,7 +228,7 @@ def _cmd_stats(args) -> int:
 
 
 def _cmd_env(args) -> int:
-    from servelab import perf
+    from servelab.triton import perf
 
     try:
         print(perf.shell_exports(), end="")
@@ -239,7 +239,7 @@ def _cmd_env(args) -> int:
 
 
 def _cmd_setup(args) -> int:
-    from servelab import perf
+    from servelab.triton import perf
 
     found = install.find_install()
     print(f"tritonserver: {found.server}")
@@ -257,7 +257,7 @@ def _cmd_setup(args) -> int:
 
 
 def _cmd_perf(args) -> int:
-    from servelab import perf
+    from servelab.triton import perf
 
     try:
         result = perf.run(args.args, csv_path=args.csv, check=False)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from servelab import paths
+from servelab.core import paths
 from servelab.triton.config import (  # noqa: F401 (instance_count: re-exported)
     Edit,
     apply_edit,

@@ -10,7 +10,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab import procs
+from servelab.core import procs
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8000

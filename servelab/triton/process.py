@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab import procs
-from servelab.stubs import stub_argv, stub_model
-from servelab.threads import remove_locks as remove_core_locks
+from servelab.core import procs
+from servelab.serve.threads import remove_locks as remove_core_locks
 from servelab.triton.install import GRPC_ADMIN_HEADER
+from servelab.triton.stubs import stub_argv, stub_model
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def terminate(pid: int, shm_prefix: str, timeout: float, proc: subprocess.Popen 
     stubs |= {s.pid for s in stub_processes(pid, shm_prefix)}
     forced += _kill_stubs(stubs)
     forced += _remove_shm(shm_prefix)
-    remove_core_locks(pid)   # its instances' core-share lock files (servelab.threads)
+    remove_core_locks(pid)   # its instances' core-share lock files (servelab.serve.threads)
     return forced
 
 

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-from servelab import food11, paths
+from servelab.core import food11, paths
 from servelab.triton.config import (
     ONNX_FILE_PARAMETER,
     config_to_text,

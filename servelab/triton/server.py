@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from servelab import paths, procs
+from servelab.core import paths, procs
 from servelab.triton import control, install, stats
 from servelab.triton.config import Edit
 from servelab.triton.install import (
@@ -217,7 +217,7 @@ def _prepare(source: Path, workdir: Path, own: bool, models, gpus: int, binary: 
 
 def _install_perf_shim(notes: list[str]) -> None:
     try:
-        from servelab import perf
+        from servelab.triton import perf
 
         perf.install_shim()
     except Exception as err:  # perf_analyzer is optional for the server itself

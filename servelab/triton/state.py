@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from servelab import paths, procs
+from servelab.core import paths, procs
 
 
 def state_path(http_port: int) -> Path:

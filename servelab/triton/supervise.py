@@ -1,5 +1,5 @@
 """Bring back a model whose Python-backend stub died (the local stack's
-Triton wrapper, ``servelab.stack_triton``, runs this twice a second).
+Triton wrapper, ``servelab.local.stack_triton``, runs this twice a second).
 
 Each instance of a Python-backend model is a stub process, a child of
 tritonserver. When a stub dies on its own (the OOM killer on a big batch, a

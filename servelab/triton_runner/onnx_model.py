@@ -20,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-from servelab import (
+from servelab.serve import (
     threads,  # the kit's thread rule (servelab/ is on the stub's PYTHONPATH)
 )
 
@@ -59,7 +59,7 @@ class TritonPythonModel:
                 args["model_instance_name"], ort.__version__, sorted(self.sessions), self.session.get_providers()))
 
     def _open_sessions(self, args, config, path):
-        # Instances share the CPU cores (servelab/threads.py): an instance
+        # Instances share the CPU cores (servelab/serve/threads.py): an instance
         # running alone gets every core, busy instances an equal share each.
         # A session's thread count is fixed, so one session per possible share
         # (2 on a 2-core machine). ONNX Runtime keeps its default wait (spin

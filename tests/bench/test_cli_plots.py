@@ -87,7 +87,7 @@ def test_every_plot_renders(tmp_path):
 def test_tour_utilization_plot_shows_the_cpu_beside_the_gpus(tmp_path):
     """On a GPU host the CPU still decodes every image (a likely bottleneck): the
     tour's utilization plot shows both. GPU presence is the series the runs carry."""
-    from servelab import tour, tour_report
+    from servelab.measure import tour, tour_report
 
     runs = [_fake("Triton Python · 1 instance · C=1", 1, [1, 2, 3]), _fake("Triton Python · 1 instance · C=8", 8, [4, 5])]
     for r in runs:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from servelab import bench, stack
+from servelab import bench
 from servelab.bench import load
+from servelab.local import stack
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from servelab import bench, procs
+from servelab import bench
 from servelab.bench import http, load
+from servelab.core import procs
 
 
 def _check_counts(r: bench.Result, sent: int | None = None):

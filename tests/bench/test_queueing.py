@@ -202,7 +202,8 @@ def test_servers_counts_what_the_service_runs_at_once_on_its_device():
 def test_client_batch_cap_is_one_request_over_one_decode(monkeypatch):
     """Notebook 6's `-b 16` check on a GPU: the model still decodes all 16 images on the
     CPU, so images/s can grow at most S / D. D is measured on the perf_analyzer input image."""
-    from servelab import lab, paths
+    from servelab.core import paths
+    from servelab.course import lab
 
     seen = []
     monkeypatch.setattr(lab, "decode_seconds", lambda image, repeats=5: seen.append(image) or 0.005)
@@ -213,7 +214,8 @@ def test_client_batch_cap_is_one_request_over_one_decode(monkeypatch):
 def test_decode_seconds_times_the_services_preprocessing():
     import base64
 
-    from servelab import lab, paths
+    from servelab.core import paths
+    from servelab.course import lab
 
     image = base64.b64encode(paths.sample_images()[0].read_bytes()).decode("ascii")
     assert 0 < lab.decode_seconds(image, repeats=3) < 5

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-from servelab import procs, tour
 from servelab.bench import http, load, table
+from servelab.core import procs
+from servelab.measure import tour
 
 
 def test_tour_small(built_models, tmp_path):
@@ -59,7 +60,7 @@ def test_instance_checks_allow_drift_but_not_a_gain_at_one_client():
     """At one client a second instance buys nothing: a lone request a third faster or
     slower is the machine's drift between runs (passes); twice as fast is the wrong
     lesson (fails). With 8 clients two instances must serve at least as much as one."""
-    from servelab import evidence
+    from servelab.measure import evidence
 
     def statuses(p50_two, thr8_two):
         one = [_closed_run(1, 40.0, 25.0), _closed_run(8, 320.0, 25.0)]

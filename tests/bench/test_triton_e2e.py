@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from servelab import bench, procs
+from servelab import bench
 from servelab.bench import http, targets
 from servelab.bench.triton import TritonObserver
+from servelab.core import procs
 from servelab.triton import snapshot
 
 
@@ -58,8 +59,8 @@ def test_image_model_answers_are_real(triton):
             return targets.parse_infer_response(await conn.request(t.requests[0]))
         finally:
             conn.close()
-    from servelab import food11
     from servelab.bench.load import run_coroutine
+    from servelab.core import food11
     out = run_coroutine(one())
     assert out["FOOD_LABEL"][0].decode() in food11.LABELS
     assert 0 < float(out["PROBABILITY"].ravel()[0]) <= 1
@@ -117,7 +118,7 @@ def test_agrees_with_perf_analyzer(triton, tmp_path):
     PA, bench, PA, bench, PA ... and each bench run is compared with the
     perf_analyzer runs just before and just after it; the first agreeing
     pair ends the test (on a quiet machine, the first one)."""
-    from servelab import perf
+    from servelab.triton import perf
 
     model, conc = "food_classifier_onnx", 4
 

@@ -125,7 +125,7 @@ def test_watch_judges_a_foreign_load_generator(tiny_server):
 
 
 def test_lab_check_says_inconclusive(capsys):
-    from servelab import lab
+    from servelab.course import lab
     bad = {"throughput": 1.0, "validity": {"valid": False, "reasons": ["other work used 1.00 of 2 cores"]}}
     lab.check(True, "a lesson", "a figure", [bad])
     out = capsys.readouterr().out

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab import compose
+from servelab.node import compose
 
 from .dockerkit import MODELS_FILE, REPO, STACKS, compose_env, render
 

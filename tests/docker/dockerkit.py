@@ -8,7 +8,8 @@ import os
 import re
 from pathlib import Path
 
-from servelab import compose, paths
+from servelab.core import paths
+from servelab.node import compose
 
 REPO = paths.REPO_ROOT
 DOCKER = REPO / "docker"
@@ -213,7 +214,8 @@ def start_compose_triton(tmp_path: Path, repo: Path, command: list[str], health:
     Returns ``(server, base_url)``; the server is started, not yet waited for."""
     import sysconfig
 
-    from servelab import procs, triton
+    from servelab import triton
+    from servelab.core import procs
 
     install = triton.find_install()
     backends = triton.prepare_backends(tmp_path, install)

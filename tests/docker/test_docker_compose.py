@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab import compose
+from servelab.node import compose
 
 from .dockerkit import (
     CPU_STACKS,
@@ -247,7 +247,7 @@ def test_triton_repository_is_bind_mounted_not_copied(rendered):
 def test_cpu_override_serves_a_kind_cpu_copy_to_triton_and_jupyter(rendered):
     svcs = services(rendered["triton+cpu"])
     helper = svcs["triton_cpu_repository"]
-    assert helper["command"][:4] == ["python", "-m", "servelab.compose", "cpu-repository"]
+    assert helper["command"][:4] == ["python", "-m", "servelab.node.compose", "cpu-repository"]
     src, dst = helper["command"][4:6]
     helper_mounts = mounts(helper)
     assert Path(helper_mounts[src]["source"]) == REPO / "models_staging" and helper_mounts[src]["read_only"]

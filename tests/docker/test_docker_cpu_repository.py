@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from servelab import compose
+from servelab.node import compose
 
 from .dockerkit import REPO
 
@@ -54,7 +54,7 @@ def test_cpu_repository_of_the_lab_models(tmp_path):
     source_before = _digest(STAGING)
     dst = tmp_path / "models"
     (dst / "stale_model").mkdir(parents=True)  # left from an earlier run: must go
-    out = subprocess.run([sys.executable, "-m", "servelab.compose", "cpu-repository", str(STAGING), str(dst),
+    out = subprocess.run([sys.executable, "-m", "servelab.node.compose", "cpu-repository", str(STAGING), str(dst),
                           "--world-writable"], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert _digest(STAGING) == source_before  # the lab's files are never edited
@@ -88,7 +88,7 @@ def test_cpu_repository_rejects_a_missing_source(tmp_path):
 def test_compose_module_runs_on_the_standard_library_alone():
     """The CPU override runs it in a bare python:3.11-slim container with only servelab/ mounted."""
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); sys.modules['numpy'] = None; sys.modules['PIL'] = None; "
-            "import servelab.compose as c; print(c.to_cpu_config('kind: KIND_GPU gpus: [0]'))")
+            "import servelab.node.compose as c; print(c.to_cpu_config('kind: KIND_GPU gpus: [0]'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["kind:", "KIND_CPU"]

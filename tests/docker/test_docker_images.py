@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab import doctor, paths
+from servelab.core import paths
+from servelab.node import doctor
 
 from .dockerkit import (
     DOCKER,
@@ -95,7 +96,7 @@ def test_dockerignore_matcher_follows_dockers_rules(tmp_path):
     assert is_ignored(".venv/bin/python", rules)
     assert is_ignored("app/other.py", rules)
     assert not is_ignored("app/main.py", rules)
-    assert not is_ignored("servelab/food11.py", rules)
+    assert not is_ignored("servelab/core/food11.py", rules)
     assert is_ignored("servelab/__pycache__/food11.cpython-311.pyc", rules)
 
 

@@ -11,7 +11,8 @@ import subprocess
 import sys
 import textwrap
 
-from servelab import compose, paths
+from servelab.core import paths
+from servelab.node import compose
 from tests.images import imagekit
 
 from .dockerkit import (
@@ -101,7 +102,7 @@ def test_the_cli_starts_with_only_the_images_packages():
 
 
 def test_the_blocker_would_notice_a_missing_package():
-    """Control: with no third-party package allowed, the CLI cannot start (servelab.models needs numpy)."""
+    """Control: with no third-party package allowed, the CLI cannot start (servelab.serve.models needs numpy)."""
     out = subprocess.run([sys.executable, "-c", BLOCKER.format(allowed=[])], capture_output=True, text=True,
                          timeout=120, cwd=paths.REPO_ROOT)
     assert out.returncode != 0 and "not in the models image" in out.stderr

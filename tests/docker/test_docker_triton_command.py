@@ -9,7 +9,8 @@ import shutil
 import urllib.error
 import urllib.request
 
-from servelab import compose, procs
+from servelab.core import procs
+from servelab.node import compose
 
 from .dockerkit import REPO, SECRETS, render, start_compose_triton
 

@@ -13,7 +13,8 @@ import shutil
 import subprocess
 import sys
 
-from servelab import compose, procs
+from servelab.core import procs
+from servelab.node import compose
 
 from .dockerkit import REPO, render, start_compose_triton
 

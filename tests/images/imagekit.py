@@ -160,12 +160,12 @@ def images() -> dict[str, Image]:
         Image("fastapi_onnx", REPO / "fastapi_onnx/Dockerfile", _from(REPO / "fastapi_onnx/Dockerfile"),
               ["fastapi_onnx/app.py"]),
         Image("flask", REPO / "flask_app/Dockerfile", _from(REPO / "flask_app/Dockerfile"),
-              ["flask_app/app.py", "-m servelab.webserver"]),
+              ["flask_app/app.py", "-m servelab.serve.webserver"]),
         Image("models", d / "Dockerfile.models", _from(d / "Dockerfile.models"),
-              ["-m servelab", "servelab/models.py"]),   # `python -m servelab models build`
+              ["-m servelab", "servelab/serve/models.py"]),   # `python -m servelab models build`
         Image("triton", d / "Dockerfile.triton", _from(d / "Dockerfile.triton"),
               [str(p.relative_to(REPO)) for p in sorted(REPO.glob("models_staging/*/1/model.py"))]),
-        Image("triton_cpu_repository", None, PY311_SLIM, ["-m servelab.compose"]),
+        Image("triton_cpu_repository", None, PY311_SLIM, ["-m servelab.node.compose"]),
         Image("jupyter", jup, _from(jup, PY311_SLIM), ["notebook:4_fastapi"], nb),
         Image("jupyter-sdk", jup, _from(jup, TRITON_SDK), ["notebook:6_triton"], nb),
     )}
@@ -317,7 +317,7 @@ def imports_in(text: str, source: str, package: str = "") -> Parsed:
                     parts = package.split(".")[: len(package.split(".")) - child.level + 1]
                     base = ".".join(filter(None, [*parts, base]))
                 uses.append(Use(base, source, child.lineno, lazy, guarded, own))
-                for a in child.names:   # `from servelab import food11` imports a submodule
+                for a in child.names:   # `from servelab.core import food11` imports a submodule
                     uses.append(Use(f"{base}.{a.name}", source, child.lineno, lazy, guarded, own))
             elif own is None and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 refs[None].update(_names(child))

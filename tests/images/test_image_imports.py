@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from servelab import lessons
+from servelab.course import lessons
 
 from . import imagekit as k
 
@@ -117,7 +117,7 @@ def test_the_walk_finds_a_missing_package():
     assert [(u.source, u.module) for u in bad] == [("servelab/bench/batchcost.py", "onnxruntime")]
     assert not _guard_holds(unguarded, *GUARDED[("jupyter-sdk", "servelab/bench/batchcost.py", "onnxruntime")])
     assert _guard_holds(guarded, *GUARDED[("jupyter-sdk", "servelab/bench/batchcost.py", "onnxruntime")])
-    _, ext = k.walk(["-m servelab.models"])
+    _, ext = k.walk(["-m servelab.serve.models"])
     assert "numpy" in {u.module.split(".")[0] for u in k.unresolved(ext, NODE_PYTHON, set(), {})}
 
 

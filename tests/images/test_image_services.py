@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from servelab import paths, procs
+from servelab.core import paths, procs
 
 from . import imagekit as k
 
@@ -87,12 +87,12 @@ def test_fastapi_onnx_serves_with_the_images_pins(onnx_service):
 
 
 def test_flask_page_with_the_images_pins_calls_fastapi(onnx_service, tmp_path):
-    """flask_app under gunicorn with servelab.webserver's config (the image's CMD),
+    """flask_app under gunicorn with servelab.serve.webserver's config (the image's CMD),
     INFERENCE_BACKEND=fastapi as the FastAPI stack sets it."""
     onnx, _ = onnx_service
     venv = k.service_env("flask")
     port = procs.free_port()
-    server = procs.start("flask", [str(venv / "bin" / "gunicorn"), "--config", "python:servelab.webserver", "app:app"],
+    server = procs.start("flask", [str(venv / "bin" / "gunicorn"), "--config", "python:servelab.serve.webserver", "app:app"],
                          f"http://127.0.0.1:{port}", tmp_path / "gunicorn.log",
                          env=_env(venv, HOST="127.0.0.1", PORT=str(port), INFERENCE_BACKEND="fastapi",
                                   FASTAPI_SERVER_URL=onnx.url, WEB_WORKERS="1"),

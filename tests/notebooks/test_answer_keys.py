@@ -1,4 +1,4 @@
-"""Every answer key's numbers come from one table (servelab/answer_keys.py):
+"""Every answer key's numbers come from one table (servelab/course/answer_keys.py):
 a key cannot quote a figure the table does not hold, leave out one it
 should quote, or keep a derived figure its formula no longer gives."""
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from servelab import answer_keys, notebooks
+from servelab.course import answer_keys, notebooks
 
 
 def _answer_key_cells():
@@ -34,7 +34,7 @@ def test_the_measurement_notebooks_have_answer_keys():
 @pytest.mark.parametrize("notebook,summary,text", CELLS, ids=[f"{n}:{s}" for n, s, _ in CELLS])
 def test_every_number_in_a_key_is_in_the_table(notebook, summary, text):
     key = answer_keys.key_for(notebook, summary)
-    assert key is not None, f"{notebook}: answer key {summary!r} has no entry in servelab/answer_keys.py"
+    assert key is not None, f"{notebook}: answer key {summary!r} has no entry in servelab/course/answer_keys.py"
     assert answer_keys.problems(key, text) == []
 
 

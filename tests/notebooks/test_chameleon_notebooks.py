@@ -26,7 +26,8 @@ import nbclient
 import nbformat
 import pytest
 
-from servelab import chameleon, lessons
+from servelab.course import lessons
+from servelab.node import chameleon
 
 from .nbkit import (
     NOTEBOOKS_DIR,
@@ -350,11 +351,11 @@ def test_2_unreachable_repository_url_fails_clearly_then_a_reachable_one_clones(
 
 
 def _node_clock(site) -> str:
-    """`cd ~/serve-system-chi && python3 -m servelab.leaseclock` on the node: the node's own copy of the kit,
+    """`cd ~/serve-system-chi && python3 -m servelab.node.leaseclock` on the node: the node's own copy of the kit,
     standard library only (-S: no site-packages)."""
     kit = site["cloud"].node_home / chameleon.KIT_DIR
     env = {k: v for k, v in site["env"].items() if k not in ("PYTHONPATH", "SERVELAB_ROOT")}
-    out = subprocess.run([sys.executable, "-S", "-m", "servelab.leaseclock"], cwd=kit, env=env,
+    out = subprocess.run([sys.executable, "-S", "-m", "servelab.node.leaseclock"], cwd=kit, env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
@@ -435,7 +436,7 @@ def test_timeline_error_server_then_a_lease_about_to_end(tmp_path):
 
 def test_the_lease_clock_without_a_lease_passes(tmp_path):
     """Locally (no lease-end.txt) the clock says so and returns None; a bad file is a clear error."""
-    from servelab import leaseclock
+    from servelab.node import leaseclock
 
     text, left = leaseclock.message(tmp_path)
     assert left is None and "no lease recorded here" in text
@@ -479,7 +480,7 @@ def test_kit_archive_holds_the_tracked_files_only(tmp_path):
         names = {m.name for m in tar.getmembers() if m.isfile()}
     assert names == {f"{chameleon.KIT_DIR}/{rel}" for rel in _git_ls_files()}
     for needed in ("notebooks/1_create_lease.ipynb", "notebooks/2_create_server_nvidia.ipynb",
-                   "notebooks/7_delete_resources.ipynb", "servelab/chameleon.py",
+                   "notebooks/7_delete_resources.ipynb", "servelab/node/chameleon.py",
                    "docker/docker-compose-models.yaml", "README.md"):
         assert f"{chameleon.KIT_DIR}/{needed}" in names, needed
     for rel in names:
@@ -713,7 +714,7 @@ def test_server_submit_in_notebooks_passes_show():
 
 
 def test_notebooks_use_the_kits_names_and_settings():
-    """The notebooks and servelab.chameleon name the same lease, server, site, image and kit."""
+    """The notebooks and servelab.node.chameleon name the same lease, server, site, image and kit."""
     src1 = "\n".join(_code_cells("1_create_lease"))
     src2 = "\n".join(_code_cells("2_create_server_nvidia"))
     src7 = "\n".join(_code_cells("7_delete_resources"))
@@ -732,7 +733,7 @@ def test_notebooks_use_the_kits_names_and_settings():
 
 
 # --------------------------------------------------------------------------
-# servelab.chameleon against the same fake, in this process
+# servelab.node.chameleon against the same fake, in this process
 
 
 def test_chameleon_cleanup_helper(tmp_path, monkeypatch, capsys):

@@ -15,7 +15,7 @@ import nbformat
 import pytest
 import yaml
 
-from servelab import lessons, notebooks
+from servelab.course import lessons, notebooks
 
 from .nbkit import NOTEBOOKS_DIR, REPO_ROOT
 
@@ -135,7 +135,7 @@ def _check_compose_command(argv: list[str], env_vars: list[str]) -> list[Path]:
 
 
 # What the node's own python3 runs (standard library only; see test_node_modules_need_only_the_standard_library).
-NODE_MODULES = ("servelab.doctor", "servelab.leaseclock", "servelab.configs")
+NODE_MODULES = ("servelab.node.doctor", "servelab.node.leaseclock", "servelab.node.configs")
 
 
 @pytest.mark.parametrize("module", NODE_MODULES)
@@ -169,7 +169,7 @@ def test_prepare_node_script_runs_the_notebooks_own_commands():
             assert argv[2].startswith("nvcr.io/nvidia/tritonserver:24.10-py3"), argv
             assert argv[2].split("-sdk")[0] in pins
         elif argv[:2] == ["python3", "-m"]:
-            assert argv[2] == "servelab.compose" and argv[3] == "write-env", argv
+            assert argv[2] == "servelab.node.compose" and argv[3] == "write-env", argv
         else:
             assert argv[0] in ("set", "trap", "cd", "echo"), line
     assert MODELS_RUN_TEXT in text
@@ -231,7 +231,7 @@ def test_models_are_built_only_by_the_models_container():
 
 
 def test_the_node_runs_the_doctor_with_its_system_python():
-    cmds = [c for n in ("3_fastapi_setup", "5_triton_setup") for c in node_commands(n) if "servelab.doctor" in c]
+    cmds = [c for n in ("3_fastapi_setup", "5_triton_setup") for c in node_commands(n) if "servelab.node.doctor" in c]
     assert cmds and all(c[0] == "python3" for c in cmds)
 
 

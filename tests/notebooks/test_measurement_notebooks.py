@@ -17,7 +17,7 @@ import warnings
 
 import pytest
 
-from servelab import lab
+from servelab.course import lab
 from tests.images import imagekit
 
 from .nbkit import LAST_KERNEL_ARGV, REPO_ROOT, base_kernel_env, image_kernel_env, notebook_text, run_notebook
@@ -44,7 +44,7 @@ def _no_failed_check(text: str) -> list[str]:
 
 def _reference_page(nb, name: str, tmp_path) -> str:
     """Keep this run as the site's reference run (build/reference/), and render it."""
-    from servelab import site
+    from servelab.course import site
 
     site.save_reference(nb, name)
     out = tmp_path / "site"
@@ -79,7 +79,7 @@ def _handed_in(results, name: str) -> None:
 
 
 def test_4_fastapi_runs_against_the_local_stack(tmp_path, jupyter_image_env):
-    from servelab import stack
+    from servelab.local import stack
 
     with stack.running(["fastapi_pt", "fastapi_onnx", "flask"], free_ports=True) as st:
         env = image_kernel_env(jupyter_image_env, **st.env, SERVELAB_NB_SEQUENTIAL="20",
@@ -127,7 +127,8 @@ def test_6_triton_runs_against_a_local_triton(tmp_path, jupyter_sdk_image_env):
     """The real Triton 2.51 (servelab.triton, as `servelab up` runs it) and the real
     perf_analyzer. The notebook edits config.pbtxt files, so Triton serves a private copy
     of models_staging/ here: the repository's own files are never touched by the test."""
-    from servelab import procs, triton
+    from servelab import triton
+    from servelab.core import procs
 
     repo = tmp_path / "models"
     shutil.copytree(REPO_ROOT / "models_staging", repo)

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import pytest
 
-from servelab import answer_keys, notebooks
 from servelab.bench import batchcost
+from servelab.course import answer_keys, notebooks
 
 from .nbkit import REPO_ROOT
 
 # Files whose prose a student or a maintainer reads, besides the notebooks.
 TEXT_GLOBS = ("README.md", "CONTRIBUTING.md", "docs/*.md", "docker/*", "fastapi_*/*.py", "flask_app/*.py",
               "models_staging/*/1/*.py", "models_staging/*/config.pbtxt", "servelab/**/*.py", "Makefile")
-SKIP = {"servelab/answer_keys.py"}  # the record itself: its sources describe the earlier lab
+SKIP = {"servelab/course/answer_keys.py"}  # the record itself: its sources describe the earlier lab
 
 
 def _notebook_texts() -> list[tuple[str, str]]:
@@ -51,7 +51,7 @@ TEXTS = _notebook_texts() + _file_texts()
 def test_the_texts_are_read():
     names = {w for w, _ in TEXTS}
     assert any(w.startswith("6_triton cell") for w in names) and "README.md" in names
-    assert "fastapi_pt/app.py" in names and "servelab/threads.py" in names
+    assert "fastapi_pt/app.py" in names and "servelab/serve/threads.py" in names
 
 
 def test_every_sentence_about_the_earlier_lab_is_sourced():

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab import notebooks, paths, reference, site
+from servelab.core import paths
+from servelab.course import notebooks, reference, site
 
 COMMITTED = reference.COMMITTED_DIR
 BUDGET_BYTES = 3 * 1024 * 1024  # the whole committed reference: small enough to keep in git

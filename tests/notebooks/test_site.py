@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab import lessons, notebooks, site
+from servelab.course import lessons, notebooks, site
 
 
 class _Collect(HTMLParser):
@@ -212,7 +212,7 @@ def test_pages_fit_1280_and_390_px_without_hidden_code(committed_site):
 
     from playwright.sync_api import sync_playwright
 
-    from servelab import paths
+    from servelab.core import paths
 
     chromium = os.environ.get("SERVELAB_CHROMIUM", "/usr/bin/chromium")
     if not os.path.exists(chromium):

@@ -11,11 +11,11 @@ import shutil
 import nbformat
 import pytest
 
-from servelab import lessons, notebooks
+from servelab.course import lessons, notebooks
 
 from .nbkit import NOTEBOOKS_DIR
 
-LAB = lessons.slugs()  # the one list: servelab/lessons.py
+LAB = lessons.slugs()  # the one list: servelab/course/lessons.py
 WHERE_BY_NOTEBOOK = {les.slug: les.place.label for les in lessons.LESSONS if les.place}
 SETUP = lessons.slugs("node")  # made of host commands
 MEASURED = lessons.slugs("container")  # measurement notebooks, with answer keys
@@ -55,9 +55,9 @@ def test_lesson_numbers_order_inserted_lessons_between_their_neighbours():
 
 def test_a_source_missing_from_the_registry_is_an_error(copy):
     (copy / "src" / "6b_more.md").write_text((copy / "src" / "0_intro.md").read_text())
-    with pytest.raises(ValueError, match="6b_more.md.*servelab/lessons.py"):
+    with pytest.raises(ValueError, match="6b_more.md.*servelab/course/lessons.py"):
         notebooks.notebooks(copy / "src", copy)
-    assert "not in servelab/lessons.py" in notebooks.check_sources(copy / "src", copy)[0]
+    assert "not in servelab/course/lessons.py" in notebooks.check_sources(copy / "src", copy)[0]
 
 
 def test_lesson_tables_in_readme_and_intro_come_from_the_registry(copy):

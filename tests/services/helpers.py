@@ -13,7 +13,7 @@ from pathlib import Path
 import requests
 from PIL import Image
 
-from servelab import food11, paths, procs
+from servelab.core import food11, paths, procs
 
 REPO = paths.REPO_ROOT
 

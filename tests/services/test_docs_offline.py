@@ -12,7 +12,7 @@ import re
 
 import requests
 
-from servelab import serving
+from servelab.serve import serving
 
 
 def _offline_page(browser, base_url: str):

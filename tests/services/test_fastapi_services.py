@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import requests
 
-from servelab import food11, paths, serving
+from servelab.core import food11, paths
+from servelab.serve import serving
 
 from .helpers import b64, bomb_png, first_jpeg, post_good, truncated_jpeg
 

@@ -11,7 +11,8 @@ import tempfile
 
 import pytest
 
-from servelab import flask_backends, food11, paths, procs
+from servelab.core import food11, paths, procs
+from servelab.serve import flask_backends
 
 from .helpers import REPO, bomb_png, first_jpeg, truncated_jpeg
 
@@ -200,12 +201,12 @@ def container_server(request, onnx_server, tmp_path, monkeypatch):
     import shutil
 
     if request.param == "servelab up":
-        from servelab import stack
+        from servelab.local import stack
 
         monkeypatch.setenv("FASTAPI_SERVER_URL", onnx_server.url)   # the stack starts only Flask here
         with stack.running(["flask"], free_ports=True, flask_backend="fastapi", log_dir=tmp_path) as st:
             server = st.servers["flask"]
-            assert "python:servelab.webserver" in server.proc.args, server.proc.args
+            assert "python:servelab.serve.webserver" in server.proc.args, server.proc.args
             yield server
         return
 

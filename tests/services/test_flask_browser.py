@@ -13,7 +13,7 @@ import base64
 import pytest
 import requests
 
-from servelab import food11, paths, procs
+from servelab.core import food11, paths, procs
 
 from .helpers import start_flask, truncated_jpeg
 

@@ -4,7 +4,7 @@ here as tens of percent of a core). Measured from /proc over a few seconds."""
 
 import concurrent.futures
 
-from servelab import procs
+from servelab.core import procs
 
 from .helpers import post_good
 

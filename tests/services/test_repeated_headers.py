@@ -25,7 +25,7 @@ import time
 import pytest
 import requests
 
-from servelab import procs
+from servelab.core import procs
 
 from .helpers import REPO, b64, first_jpeg
 
@@ -120,7 +120,7 @@ def test_body_guard_refuses_each_repeat_itself(header):
     """The middleware's own rule, for a server that would pass any of the three on."""
     import asyncio
 
-    from servelab.serving_contract import BodySizeLimit
+    from servelab.serve.serving_contract import BodySizeLimit
 
     called, sent = [], []
 
@@ -155,7 +155,7 @@ def test_shape_count_runs_whatever_the_declared_type(content_type, status):
     declares: 422 as JSON, 415 (not the JSON the endpoint takes) otherwise."""
     import asyncio
 
-    from servelab.serving_contract import BodySizeLimit
+    from servelab.serve.serving_contract import BodySizeLimit
 
     chunks = [ATTACK_BODY[i:i + 65536] for i in range(0, len(ATTACK_BODY), 65536)]
     read = []
@@ -187,14 +187,14 @@ def test_costly_body_declared_as_text_is_refused(fastapi_server):
 
 @pytest.fixture(scope="module")
 def flask_gunicorn(onnx_server, service_logs):
-    """The Flask UI under its web server (servelab.webserver), on loopback."""
+    """The Flask UI under its web server (servelab.serve.webserver), on loopback."""
     import os
     import shutil
     import sys
 
     exe = shutil.which("gunicorn", path=os.path.dirname(sys.executable))
     port = procs.free_port()
-    server = procs.start("flask_gunicorn", [exe, "--config", "python:servelab.webserver", "app:app"],
+    server = procs.start("flask_gunicorn", [exe, "--config", "python:servelab.serve.webserver", "app:app"],
                          f"http://127.0.0.1:{port}", log_path=service_logs / f"flask-gunicorn-{port}.log",
                          cwd=REPO / "flask_app",
                          env={"PYTHONPATH": str(REPO), "HOST": "127.0.0.1", "PORT": str(port),

@@ -1,4 +1,4 @@
-"""servelab.serving on its own: device choice, thread sizing, the base64
+"""servelab.serve.serving on its own: device choice, thread sizing, the base64
 pattern the OpenAPI schema documents, model metadata."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servelab import food11, paths, procs, serving, threads
+from servelab.core import food11, paths, procs
+from servelab.serve import serving, threads
 
 
 @pytest.mark.parametrize("value,expected", [("", "auto"), ("cpu", "cpu"), ("CUDA", "cuda"), (" auto ", "auto")])

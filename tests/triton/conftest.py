@@ -9,13 +9,13 @@ import base64
 
 import pytest
 
-from servelab import food11, paths, procs
+from servelab.core import food11, paths, procs
 
 
 @pytest.fixture(scope="session")
 def artifacts() -> dict:
     """The model artifacts in models_staging/ (built once if missing)."""
-    from servelab import models
+    from servelab.serve import models
 
     if not models.artifacts_ready():
         models.build(log=lambda *a, **k: None)
@@ -64,7 +64,7 @@ def input_json_dir(tmp_path_factory):
     written by the kit if this checkout has none)."""
     if paths.INPUT_JSON.exists():
         return paths.INPUT_JSON.parent
-    from servelab import samples
+    from servelab.serve import samples
 
     folder = tmp_path_factory.mktemp("inputjson")
     samples.write_input_json(folder / "input.json")

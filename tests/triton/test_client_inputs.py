@@ -16,9 +16,9 @@ import threading
 import numpy as np
 import pytest
 
-from servelab import flask_backends
 from servelab.bench import targets
-from servelab.triton_inputs import BadTritonInput, check_input
+from servelab.core.triton_inputs import BadTritonInput, check_input
+from servelab.serve import flask_backends
 
 GOOD = np.zeros((1, 3, 224, 224), np.float32)
 
@@ -96,7 +96,7 @@ def test_flask_backends_check_before_sending(monkeypatch):
         seen.append((name, datatype, tuple(shape)))
         raise BadTritonInput("stop here")
 
-    import servelab.triton_inputs as ti
+    import servelab.core.triton_inputs as ti
 
     monkeypatch.setattr(ti, "check_input", spy)
     listener = _Listener()

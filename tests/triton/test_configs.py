@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from servelab import food11, paths, triton
+from servelab import triton
+from servelab.core import food11, paths
 from servelab.triton_runner import ONNX_RUNNER
 
 pb = pytest.importorskip("tritonclient.grpc.model_config_pb2")

@@ -128,7 +128,8 @@ def test_batch_sizes_to_warm_every_size_on_a_gpu_few_on_the_cpu():
 def test_warm_copies_runs_every_batch_size_the_batcher_can_form(two_gpus, monkeypatch):
     """lab.warm_copies (notebook 6, after each reload) on a GPU model with dynamic batching:
     each size 1..max_batch_size runs on every copy before anything is timed."""
-    from servelab import bench, lab
+    from servelab import bench
+    from servelab.course import lab
 
     sent = []
     monkeypatch.setattr(bench, "triton_target", lambda url, model, batch=1, **kw: batch)

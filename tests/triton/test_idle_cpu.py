@@ -9,7 +9,7 @@ import base64
 import numpy as np
 import pytest
 
-from servelab import procs
+from servelab.core import procs
 
 httpclient = pytest.importorskip("tritonclient.http")
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab import procs, triton
+from servelab import triton
+from servelab.core import procs
 
 
 def _start_cli(tmp_path, artifacts):

@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-from servelab import perf, procs
-from servelab.triton import stats_delta
+from servelab.core import procs
+from servelab.triton import perf, stats_delta
 
 # The commands from the lab, verbatim (the port is swapped for the test server's).
 LAB_COMMANDS = [

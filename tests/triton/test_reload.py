@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servelab import perf, procs
+from servelab.core import procs
 from servelab.triton import (
     ADMIN_KEY_ENV,
     GRPC_ADMIN_HEADER,
@@ -22,6 +22,7 @@ from servelab.triton import (
     gpu_count,
     instance_count,
     load_config,
+    perf,
     reload_model,
     stats_delta,
 )
@@ -135,7 +136,7 @@ def test_an_override_sticks_until_the_files_change(triton):
 def test_warm_copies_runs_the_preferred_batch_sizes(triton):
     """The kit's warm-up (lab.warm_copies) sends each batch size the batcher aims for
     (every size on a GPU; on the CPU the preferred ones), as whole client batches."""
-    from servelab import lab
+    from servelab.course import lab
 
     model = "food_classifier_onnx"
     reported = triton.reload_model(model, {"dynamic_batching": {"preferred_batch_size": [3]}})

@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from servelab import food11, paths
+from servelab.core import food11, paths
 from servelab.triton import (
     GRPC_ADMIN_HEADER,
     HTTP_ADMIN_HEADER,

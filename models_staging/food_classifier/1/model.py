@@ -14,7 +14,8 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from servelab import food11, threads  # images, labels, softmax; CPU threads
+from servelab.core import food11  # images, labels, softmax
+from servelab.serve import threads  # CPU threads
 
 
 class TritonPythonModel:
@@ -31,7 +32,7 @@ class TritonPythonModel:
         # instances never run N x cores threads (one each, too, on a machine
         # busy with other work). OpenMP keeps its default wait
         # (spin a few ms, then sleep): PASSIVE made a pass 2x slower, ACTIVE
-        # spins the idle stub at 100 %. Mechanism: servelab/threads.py.
+        # spins the idle stub at 100 %. Mechanism: servelab/serve/threads.py.
         self.cores = threads.CoreShare(group=args["model_name"])
 
         # food11.pth sits next to this file: a whole pickled MobileNetV2.

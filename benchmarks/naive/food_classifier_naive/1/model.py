@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from servelab import food11
+from servelab.core import food11
 
 
 class TritonPythonModel:

@@ -1,0 +1,33 @@
+"""Where things live in the repository (one place, so nothing hard-codes paths)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # servelab/ (this file is in servelab/core/)
+# The repository root: the folder holding servelab/. Overridable for
+# installed copies (e.g. inside a container the repo is mounted elsewhere).
+REPO_ROOT = Path(os.environ.get("SERVELAB_ROOT", PACKAGE_DIR.parent)).resolve()
+
+SAMPLES_DIR = PACKAGE_DIR / "samples"
+BUILD_DIR = REPO_ROOT / "build"
+MODELS_BUILD_DIR = BUILD_DIR / "models"
+RESULTS_DIR = REPO_ROOT / "results"
+MODELS_STAGING = REPO_ROOT / "models_staging"
+INPUT_JSON = REPO_ROOT / "input.json"
+
+# Where each lesson folder expects the model artifacts.
+PTH_TARGETS = (
+    REPO_ROOT / "fastapi_pt" / "food11.pth",
+    MODELS_STAGING / "food_classifier" / "1" / "food11.pth",
+)
+ONNX_TARGETS = (
+    REPO_ROOT / "fastapi_onnx" / "food11.onnx",
+    MODELS_STAGING / "food_classifier_onnx" / "1" / "model.onnx",
+)
+
+
+def sample_images() -> list[Path]:
+    """The kit's bundled sample images, sorted by name."""
+    return sorted(p for p in SAMPLES_DIR.iterdir() if p.suffix.lower() in {".jpg", ".jpeg", ".png"})

@@ -1,0 +1,390 @@
+"""`servelab reference`: the committed reference run in ``docs/reference/``.
+
+    python -m servelab reference build [--scale lesson|reduced]   # `make reference`
+    python -m servelab reference check                            # stale? (exit 1)
+
+One real run of the kit on this machine, kept in the repository so that a
+learner with only a browser sees what the lab's measuring notebooks print and
+plot (the published site renders it, ``servelab.course.site``):
+
+* ``4_fastapi.ipynb`` and ``6_triton.ipynb``: the notebooks executed in a real
+  kernel against the kit's local stack (FastAPI services; the real Triton and
+  perf_analyzer), their outputs trimmed and their plots kept as PNG;
+* ``tour/report.md`` and ``tour/*.png``: the benchmark tour's report and plots;
+* ``manifest.json``: the machine, the date, the kit's commit, the scale, and the
+  SHA-256 of every notebook source the run was made from. The staleness check
+  compares those hashes with ``notebooks/src/`` today: an edited lesson makes
+  the committed reference stale until it is regenerated.
+
+``--scale lesson`` (the default) runs the notebooks with the request counts a
+student's run uses and the tour at scale 1. ``--scale reduced`` uses the
+notebook tests' smaller counts and the tour at scale 0.3: for a quick try of
+the machinery, and labelled so on every page.
+
+Each page says "CPU reference: your numbers will differ": this is one machine's
+run without a GPU, not a target to hit.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from servelab.core import paths, procs
+from servelab.course import lab, notebooks
+
+COMMITTED_DIR = paths.REPO_ROOT / "docs" / "reference"
+MANIFEST = "manifest.json"
+NOTE = "CPU reference: your numbers will differ"
+NOTEBOOKS = ("4_fastapi", "6_triton")
+
+# Trimming: a stream output longer than this keeps its head and tail.
+MAX_LINES, HEAD_LINES, TAIL_LINES = 80, 60, 15
+KEPT_MIME = ("image/png", "text/plain")
+
+# Environment per scale and notebook (the notebooks read these; unset = the lesson's own counts).
+SCALES = {
+    "lesson": {"tour": 1.0, "4_fastapi": {}, "6_triton": {}},
+    "reduced": {  # the notebook tests' settings (tests/notebooks/test_measurement_notebooks.py)
+        "tour": 0.3,
+        "4_fastapi": {"SERVELAB_NB_SEQUENTIAL": "20", "SERVELAB_NB_CONCURRENT": "48", "SERVELAB_NB_SWEEP": "32"},
+        "6_triton": {
+            "SERVELAB_NB_PERF_ARGS": "--measurement-mode count_windows --measurement-request-count 16 "
+                                     "--stability-percentage 100",
+            "SERVELAB_NB_RATE_ARGS": "--request-count 200", "SERVELAB_NB_RUN_SECONDS": "6",
+            "SERVELAB_NB_SWEEP_SECONDS": "2", "SERVELAB_NB_SWEEP_FACTORS": "0.5,1.0,2.0",
+            "SERVELAB_NB_BATCH_REQUESTS": "4",
+        },
+    },
+}
+
+
+# --------------------------------------------------------------------------
+# Source hashes and staleness
+
+
+def source_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def source_hashes(source_dir: Path = notebooks.SOURCE_DIR, names=NOTEBOOKS) -> dict[str, str]:
+    return {f"{name}.md": source_hash(source_dir / f"{name}.md") for name in names}
+
+
+def read_manifest(reference_dir: Path = COMMITTED_DIR) -> dict | None:
+    path = reference_dir / MANIFEST
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def stale(reference_dir: Path = COMMITTED_DIR, source_dir: Path = notebooks.SOURCE_DIR) -> list[str]:
+    """Why the reference in ``reference_dir`` no longer matches the sources (empty: it matches)."""
+    manifest = read_manifest(reference_dir)
+    if manifest is None:
+        return [f"no {MANIFEST} in {reference_dir}: run `make reference`"]
+    problems = []
+    recorded = manifest.get("sources", {})
+    for name in NOTEBOOKS:
+        key = f"{name}.md"
+        if key not in recorded:
+            problems.append(f"{key}: not in the reference's {MANIFEST}")
+        elif recorded[key] != source_hash(source_dir / key):
+            problems.append(f"{key} changed since the reference was run "
+                            f"(recorded sha256 {recorded[key][:12]}, now {source_hash(source_dir / key)[:12]})")
+        if not (reference_dir / f"{name}.ipynb").is_file():
+            problems.append(f"{name}.ipynb missing from {reference_dir}")
+    if not (reference_dir / "tour" / "report.md").is_file():
+        problems.append(f"tour/report.md missing from {reference_dir}")
+    return problems
+
+
+def label(manifest: dict) -> str:
+    """The one-line label every reference page carries."""
+    scale = manifest.get("scale", "?")
+    return (f"{NOTE}. Machine: {manifest.get('machine', 'unknown')}. Date: {manifest.get('date', 'unknown')}. "
+            f"Kit commit: {manifest.get('commit', 'unknown')}. Scale: {scale}"
+            + (" (smaller request counts than the lesson's)" if scale == "reduced" else "") + ".")
+
+
+# --------------------------------------------------------------------------
+# Trimming an executed notebook
+
+
+def _shrink_png(data: bytes) -> bytes:
+    """A plot as a 256-colour PNG when that is smaller (matplotlib's plots survive it unchanged to the eye)."""
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - Pillow comes with the kit's torchvision
+        return data
+    img = Image.open(io.BytesIO(data)).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", optimize=True)
+    return buf.getvalue() if buf.tell() < len(data) else data
+
+
+def _trim_text(text: str) -> str:
+    lines = text.splitlines(keepends=True)
+    if len(lines) <= MAX_LINES:
+        return text
+    cut = len(lines) - HEAD_LINES - TAIL_LINES
+    return "".join(lines[:HEAD_LINES] + [f"... [{cut} lines trimmed in the reference run] ...\n"]
+                   + lines[-TAIL_LINES:])
+
+
+def trim(nb):
+    """Outputs a reader needs, and no more: streams cut to their head and tail, results and
+    displays reduced to a PNG or plain text, run-time metadata dropped."""
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for out in cell.get("outputs", []):
+            kind = out.get("output_type")
+            if kind == "stream":
+                out["text"] = _trim_text(out.get("text", ""))
+            elif kind in ("execute_result", "display_data"):
+                data = out.get("data", {})
+                keep = {k: data[k] for k in KEPT_MIME if k in data}
+                if "image/png" in keep:
+                    png = _shrink_png(base64.b64decode(keep["image/png"]))
+                    keep = {"image/png": base64.b64encode(png).decode(), "text/plain": keep.get("text/plain", "")}
+                elif "text/plain" in keep:
+                    keep["text/plain"] = _trim_text(keep["text/plain"])
+                out["data"] = keep
+                out["metadata"] = {}
+            kept.append(out)
+        cell.outputs = kept
+    return nb
+
+
+# --------------------------------------------------------------------------
+# Running
+
+
+def git_commit(repo: Path = paths.REPO_ROOT) -> str:
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "servelab", "notebooks"],
+                               check=True, capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head + (" + uncommitted changes" if dirty else "")
+
+
+def kernel_env(**extra: str) -> dict[str, str]:
+    """This process's environment for the notebook's kernel: the kit importable, this venv first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OS_")}
+    env.pop("JUPYTER_PLATFORM_DIRS", None)
+    env.pop("MPLBACKEND", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(paths.REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.update(extra)
+    return env
+
+
+def run_notebook(name: str, env: dict[str, str], hooks: dict | None = None, timeout: int = 1800):
+    """Execute notebooks/<name>.ipynb (as committed) in a fresh python3 kernel started in notebooks/."""
+    import nbclient
+    import nbformat
+
+    nb = nbformat.read(notebooks.NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=timeout, allow_errors=False,
+                                     resources={"metadata": {"path": str(notebooks.NOTEBOOKS_DIR)}},
+                                     **(hooks or {}))
+    client.execute(env=env)
+    return nb
+
+
+def failed_checks(nb) -> list[str]:
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                     for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    return re.findall(rf"^{re.escape(lab.CHECK_FAIL)}: (.*)$", text, re.M)
+
+
+def _counts(nb) -> dict[str, int]:
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                     for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    return {k: len(re.findall(rf"^{re.escape(v)}: ", text, re.M))
+            for k, v in (("passed", lab.CHECK_PASS), ("inconclusive", lab.CHECK_INCONCLUSIVE),
+                         ("failed", lab.CHECK_FAIL))}
+
+
+def _hand_edit(repo: Path):
+    """Notebook 6's hand edit, as the student makes it in JupyterLab's editor before the
+    reload cell: food_classifier's instance_group count 1 -> 2, gpus [ 0 ] -> [ 0, 1 ]."""
+    def hook(cell, cell_index, **_):
+        if "hand-edit" not in cell.metadata.get("tags", []):
+            return
+        path = repo / "food_classifier" / "config.pbtxt"
+        text = path.read_text()
+        at = text.index("instance_group")
+        path.write_text(text[:at] + text[at:].replace("count: 1", "count: 2", 1).replace("gpus: [ 0 ]", "gpus: [ 0, 1 ]", 1))
+    return hook
+
+
+def _with_retry(run, name: str, results: Path, log):
+    """Run; when a check failed (a busy machine), run once more as the notebook tells the student."""
+    nb = run()
+    missed = failed_checks(nb)
+    if missed:
+        log(f"  {name}: {len(missed)} check(s) missed ({'; '.join(missed)}); running it once more")
+        shutil.rmtree(results, ignore_errors=True)
+        nb = run()
+    return nb
+
+
+def run_4_fastapi(env_extra: dict, work: Path, log):
+    from servelab.local import stack
+
+    with stack.running(["fastapi_pt", "fastapi_onnx"], free_ports=True) as st:
+        env = kernel_env(**st.env, SERVELAB_RESULTS_DIR=str(work / "results-4"), **env_extra)
+        return _with_retry(lambda: run_notebook("4_fastapi", env), "4_fastapi", work / "results-4", log)
+
+
+def run_6_triton(env_extra: dict, work: Path, log):
+    """Against the real local Triton serving a private copy of models_staging/ (the notebook edits configs)."""
+    from servelab import triton
+    from servelab.core import procs
+
+    repo = work / "models"
+    shutil.copytree(paths.REPO_ROOT / "models_staging", repo,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    ports = [procs.free_port() for _ in range(3)]
+    with triton.running(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
+        env = kernel_env(TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_METRICS_URL=t.metrics_url,
+                         TRITON_MODEL_REPOSITORY=str(repo), SERVELAB_RESULTS_DIR=str(work / "results-6"),
+                         **env_extra)
+        return _with_retry(lambda: run_notebook("6_triton", env, hooks={"on_cell_execute": _hand_edit(repo)}),
+                           "6_triton", work / "results-6", log)
+
+
+def run_tour_into(dest: Path, scale: float, work: Path, log) -> dict:
+    # `servelab tour` in its own process: the tour stands above the lab's text in the kit's layers
+    # (CONTRIBUTING.md), so this module runs it by command rather than importing it.
+    out = work / "tour"
+    cmd = [sys.executable, "-m", "servelab", "tour", "--scale", str(scale), "--out", str(out)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=procs.child_env({"PYTHONPATH": str(paths.REPO_ROOT)})) as proc:
+        for line in proc.stdout:
+            log(f"  tour: {line.rstrip()}")
+    if proc.returncode != 0 or not (out / "report.md").exists():
+        raise RuntimeError(f"the tour failed (exit {proc.returncode}); its output is above")
+    dest.mkdir(parents=True, exist_ok=True)
+    for png in sorted(out.glob("*.png")):
+        (dest / png.name).write_bytes(_shrink_png(png.read_bytes()))
+    shutil.copy2(out / "report.md", dest / "report.md")
+    return {"plots": sorted(p.name for p in dest.glob("*.png"))}
+
+
+def build(reference_dir: Path = COMMITTED_DIR, scale: str = "lesson", log=print) -> dict:
+    """Run the notebooks and the tour, and write the reference into ``reference_dir`` (replaced whole
+    only when every part succeeded)."""
+    import nbformat
+
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r} (one of {', '.join(SCALES)})")
+    problems = [p for p in notebooks.check_sources() if p.split(":")[0].split(".")[0] in NOTEBOOKS]
+    if problems:
+        raise RuntimeError("; ".join(problems) + " (run `python -m servelab notebooks build` first)")
+    settings = SCALES[scale]
+    started = time.perf_counter()
+    manifest = {
+        "note": NOTE, "machine": procs.machine_description(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(), "scale": scale, "tour_scale": settings["tour"],
+        "sources": source_hashes(), "checks": {}, "settings": {n: settings[n] for n in NOTEBOOKS},
+    }
+    with tempfile.TemporaryDirectory(prefix="servelab-reference-") as tmp:
+        work = Path(tmp)
+        staged = work / "staged"
+        staged.mkdir()
+        runners = {"4_fastapi": run_4_fastapi, "6_triton": run_6_triton}
+        for name in NOTEBOOKS:
+            t0 = time.perf_counter()
+            log(f"running {name} against the local stack ({scale} scale) ...")
+            nb = runners[name](settings[name], work, log)
+            counts = _counts(nb)
+            manifest["checks"][name] = counts
+            if counts["failed"]:
+                raise RuntimeError(f"{name}: {counts['failed']} check(s) failed twice: {failed_checks(nb)}; "
+                                   "the committed reference is left as it was (a busy machine? run it again)")
+            if counts["inconclusive"] > counts["passed"]:
+                log(f"  warning: {name}: most checks were inconclusive (the machine was busy); this run shows "
+                    "a learner little: regenerate it on a quiet machine before committing it")
+            nb = trim(nb)
+            nb.metadata["servelab_reference"] = {k: manifest[k] for k in ("note", "machine", "date", "commit", "scale")}
+            (staged / f"{name}.ipynb").write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
+            log(f"  {name}: {counts['passed']} checks passed, {counts['inconclusive']} inconclusive, "
+                f"{time.perf_counter() - t0:.0f} s")
+        t0 = time.perf_counter()
+        log(f"running the benchmark tour (scale {settings['tour']}) ...")
+        manifest["tour"] = run_tour_into(staged / "tour", settings["tour"], work, log)
+        log(f"  tour: {time.perf_counter() - t0:.0f} s")
+        manifest["wall_s"] = round(time.perf_counter() - started)
+        (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        if reference_dir.exists():
+            shutil.rmtree(reference_dir)
+        reference_dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(staged, reference_dir)
+    return manifest
+
+
+def size_bytes(reference_dir: Path = COMMITTED_DIR) -> int:
+    return sum(p.stat().st_size for p in reference_dir.rglob("*") if p.is_file())
+
+
+# --------------------------------------------------------------------------
+# Command line
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("reference", help="regenerate or check the committed reference run (docs/reference/)")
+    rsub = p.add_subparsers(dest="reference_command", metavar="ACTION")
+    rsub.required = True
+    b = rsub.add_parser("build", help="run notebooks 4 and 6 and the tour on the local stack; write docs/reference/")
+    b.add_argument("--scale", choices=sorted(SCALES), default="lesson",
+                   help="lesson: the lesson's own request counts, tour at scale 1 (default); "
+                        "reduced: the notebook tests' counts, tour at 0.3")
+    b.add_argument("--out", type=Path, default=COMMITTED_DIR, help=f"reference folder (default {COMMITTED_DIR})")
+    b.set_defaults(func=_cmd_build)
+    c = rsub.add_parser("check", help="exit 1 when the reference was run from older notebook sources")
+    c.add_argument("--dir", type=Path, default=COMMITTED_DIR)
+    c.set_defaults(func=_cmd_check)
+
+
+def _cmd_build(args) -> int:
+    t0 = time.perf_counter()
+    try:
+        manifest = build(args.out, args.scale)
+    except (RuntimeError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote the reference run to {args.out}/ ({size_bytes(args.out) / 1024:.0f} KiB) "
+          f"in {time.perf_counter() - t0:.0f} s; commit it. {label(manifest)}")
+    return 0
+
+
+def _cmd_check(args) -> int:
+    problems = stale(args.dir)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        print("the committed reference is stale: run `make reference` and commit docs/reference/", file=sys.stderr)
+        return 1
+    manifest = read_manifest(args.dir)
+    print(f"the reference in {args.dir} matches the notebook sources ({manifest['date']}, {manifest['commit']})")
+    return 0

@@ -1,0 +1,426 @@
+"""Build the lab's model artifacts: `servelab models build [--weights PATH_OR_URL]`.
+
+Outputs (all git-ignored, each with a ``<file>.json`` stamp beside it):
+
+* ``food11.pth`` — a full pickled torchvision MobileNetV2 with an 11-class
+  head, loadable the way the lab loads it: ``torch.load(p, weights_only=False)``;
+* ``food11.onnx`` — the same network exported to ONNX: input ``input``
+  [N, 3, 224, 224] float32, output ``output`` [N, 11] logits, dynamic batch.
+
+They are built once into ``build/models/`` and copied to where each lesson
+folder expects them (see ``servelab.core.paths``).
+
+Default weights are *demo* weights: deterministic (fixed seed), untrained,
+but calibrated so that different images get different labels — a plain
+random init gives logits ~1e-9, a flat softmax, and the same label for
+everything. ``--weights`` loads trained Food-11 weights instead (a full
+pickled model or a state_dict, local path or URL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from servelab.core import food11, paths, procs
+
+# Bump when the way artifacts are made changes, so old builds are redone.
+BUILD_RECIPE = 4
+DEMO_SEED = 11
+ONNX_OPSET = 17
+PARITY_TOLERANCE = 1e-4
+EXPECTED_HEAD = "MobileNetV2 with classifier[1] = Linear(1280, 11) (11 Food-11 classes)"
+
+
+class WeightsError(ValueError):
+    """Weights that cannot become the lab's 11-class MobileNetV2."""
+
+
+@dataclass
+class BuildResult:
+    pth: Path
+    onnx: Path
+    parity_max_abs_diff: float
+    weights_kind: str
+    copied: list[Path]
+    skipped: bool
+
+
+# --------------------------------------------------------------------------
+# The network
+# --------------------------------------------------------------------------
+
+def new_mobilenet_v2():
+    import torchvision
+
+    return torchvision.models.mobilenet_v2(weights=None, num_classes=food11.NUM_CLASSES)
+
+
+def _calibration_batch(n: int = 48, seed: int = DEMO_SEED):
+    """Deterministic, varied images (colour fields, stripes, blobs, noise)
+    plus the bundled samples, preprocessed like real requests."""
+    import torch
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    images = []
+    yy, xx = np.mgrid[0:224, 0:224] / 224.0
+    for i in range(n):
+        base = rng.uniform(0, 255, size=3)
+        tilt = rng.uniform(-255, 255, size=(2, 3))
+        freq = rng.uniform(1, 12)
+        arr = base + xx[..., None] * tilt[0] + yy[..., None] * tilt[1]
+        arr += 60 * np.sin(2 * np.pi * freq * (xx if i % 2 else yy))[..., None] * rng.uniform(-1, 1, size=3)
+        arr += rng.normal(0, rng.uniform(0, 40), size=arr.shape)
+        images.append(Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "RGB"))
+    for p in paths.sample_images():
+        images.append(food11.load_image(p.read_bytes()))
+    return torch.from_numpy(food11.preprocess_batch(images))
+
+
+def _noise_batch(n: int, seed: int):
+    """Uniform pixel noise, normalised like real input."""
+    import torch
+
+    pixels = np.random.default_rng(seed).uniform(0, 1, size=(n, 224, 224, 3)).astype(np.float32)
+    return torch.from_numpy(((pixels - food11.MEAN) / food11.STD).transpose(0, 3, 1, 2).copy())
+
+
+def build_demo_model(seed: int = DEMO_SEED):
+    """MobileNetV2 with deterministic, calibrated, untrained weights."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = new_mobilenet_v2()
+    batch = torch.cat([_calibration_batch(seed=seed), _noise_batch(8, seed + 1)])
+    with torch.no_grad():
+        # 1. Batch-norm calibration: set every BN layer's running statistics
+        #    to the statistics its input really has, so activations keep a
+        #    healthy scale through all 52 layers instead of vanishing.
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.reset_running_stats()
+                m.momentum = None  # cumulative average: one pass = exact stats
+        model.train()
+        model(batch)
+        model.eval()
+        # Near-constant channels would get huge gains (1/sqrt(var)) that
+        # amplify float rounding: floor each layer's variances at its median.
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_var.clamp_(min=float(m.running_var.median()))
+        # 2. Head: a random projection of standardised features, so each
+        #    class's logit varies across images by a couple of units.
+        feats = torch.nn.functional.adaptive_avg_pool2d(model.features(batch), 1).flatten(1)
+        mu, sd = feats.mean(0), feats.std(0)
+        sd = sd.clamp_min(float(sd.median()))
+        head: torch.nn.Linear = model.classifier[1]
+        w = torch.randn(head.out_features, head.in_features) / head.in_features ** 0.5
+        w = 2.5 * w / sd
+        head.weight.copy_(w)
+        head.bias.copy_(-(w @ mu))
+    return model
+
+
+def _strip_prefix(state: dict, prefix: str) -> dict:
+    if state and all(k.startswith(prefix) for k in state):
+        return {k[len(prefix):]: v for k, v in state.items()}
+    return state
+
+
+def _from_state_dict(obj: dict, source: str):
+    """A MobileNetV2 with Food-11's head loaded from a (possibly wrapped or prefixed) state_dict."""
+    for key in ("state_dict", "model_state_dict", "model"):
+        if key in obj and isinstance(obj[key], dict):
+            obj = obj[key]
+            break
+    state = _strip_prefix(_strip_prefix(obj, "module."), "model.")
+    model = new_mobilenet_v2()
+    expected = model.state_dict()
+    bad = [
+        f"{k}: got {tuple(v.shape)}, expected {tuple(expected[k].shape)}"
+        for k, v in state.items() if k in expected and hasattr(v, "shape") and v.shape != expected[k].shape
+    ]
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if bad or missing or unexpected:
+        detail = "; ".join(bad[:3] + [f"missing {missing[:3]}"] * bool(missing) + [f"unexpected {unexpected[:3]}"] * bool(unexpected))
+        raise WeightsError(f"{source}: these weights do not fit {EXPECTED_HEAD}: {detail}.")
+    model.load_state_dict(state)
+    return model
+
+
+def load_trained(source: str):
+    """A full pickled model or a state_dict (path or URL) → the 11-class model."""
+    import torch
+
+    path = fetch(source)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # pickle/zip errors come in many types
+        raise WeightsError(f"{source}: not a PyTorch checkpoint ({err}).") from None
+    if isinstance(obj, torch.nn.Module):
+        model = obj
+    elif isinstance(obj, dict):
+        model = _from_state_dict(obj, source)
+    else:
+        raise WeightsError(f"{source}: expected a pickled model or a state_dict, got {type(obj).__name__}.")
+    model.eval()
+    # Whatever the architecture, the output must be 11 logits.
+    with torch.no_grad():
+        try:
+            out = model(torch.zeros(1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE))
+        except Exception as err:
+            raise WeightsError(f"{source}: the model fails on a [1,3,224,224] input ({err}).") from None
+    if tuple(out.shape) != (1, food11.NUM_CLASSES):
+        raise WeightsError(
+            f"{source}: the model outputs shape {tuple(out.shape)}; expected (1, {food11.NUM_CLASSES}): {EXPECTED_HEAD}."
+        )
+    return model
+
+
+def fetch(source: str) -> Path:
+    """A local path as is; an http(s)/file URL downloaded into build/downloads/."""
+    parsed = urllib.parse.urlparse(source)
+    if parsed.scheme in ("http", "https", "file"):
+        name = Path(parsed.path).name or "weights.pth"
+        digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+        dest = paths.BUILD_DIR / "downloads" / f"{digest}-{name}"
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_suffix(".part")
+            print(f"downloading {source} ...")
+            with urllib.request.urlopen(source, timeout=60) as r, open(tmp, "wb") as f:
+                shutil.copyfileobj(r, f)
+            tmp.replace(dest)
+        return dest
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise WeightsError(f"{source}: no such file.")
+    return path
+
+
+# --------------------------------------------------------------------------
+# Export and parity
+# --------------------------------------------------------------------------
+
+def export_onnx(model, dest: Path) -> None:
+    import warnings
+
+    import torch
+
+    dummy = torch.zeros(2, 3, food11.INPUT_SIZE, food11.INPUT_SIZE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dynamo=False prints a deprecation warning
+        torch.onnx.export(
+            model, dummy, str(dest), input_names=["input"], output_names=["output"],
+            dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+            opset_version=ONNX_OPSET, dynamo=False,
+        )
+
+
+def parity(model, onnx_path: Path, batch: int = 4, seed: int = 0) -> float:
+    """Max |ORT − PyTorch| over the logits of a batch of random images
+    (uniform pixel noise, normalised like real input)."""
+    import onnxruntime as ort
+    import torch
+
+    x = _noise_batch(batch, seed).numpy()
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    got = sess.run(["output"], {"input": x})[0]
+    return float(np.max(np.abs(ref - got)))
+
+
+# --------------------------------------------------------------------------
+# The build
+# --------------------------------------------------------------------------
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fingerprint(weights: str | None) -> dict:
+    import torch
+
+    if weights is None:
+        source = {"kind": "demo", "seed": DEMO_SEED,
+                  "samples": [_sha256(p) for p in paths.sample_images()]}
+    else:
+        src = fetch(weights)
+        source = {"kind": "trained", "source": weights, "sha256": _sha256(src)}
+    return {"recipe": BUILD_RECIPE, "torch": torch.__version__, "weights": source}
+
+
+def _current(out_dir: Path, fp: dict) -> dict | None:
+    stamp = out_dir / "build.json"
+    try:
+        info = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
+    if info.get("fingerprint") != fp:
+        return None
+    for name in ("food11.pth", "food11.onnx"):
+        f = out_dir / name
+        if not f.exists() or _sha256(f) != info["sha256"][name]:
+            return None
+    return info
+
+
+def _place(src: Path, dest: Path, info: dict) -> bool:
+    """Copy ``src`` to ``dest`` (with its stamp) unless it is already there."""
+    stamp = {
+        "weights_kind": info["weights_kind"],
+        "sha256": info["sha256"][src.name],
+        "built_at": info["built_at"],
+        "source": info["fingerprint"]["weights"].get("source", "demo"),
+        "note": food11.DEMO_WEIGHTS_NOTE if info["weights_kind"] == "demo" else "trained Food-11 weights",
+    }
+    stamp_path = Path(f"{dest}.json")
+    if dest.exists() and stamp_path.exists() and _sha256(dest) == stamp["sha256"]:
+        try:
+            if json.loads(stamp_path.read_text()) == stamp:
+                return False
+        except ValueError:
+            pass
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.copyfile(src, tmp)
+    tmp.replace(dest)
+    stamp_path.write_text(json.dumps(stamp, indent=2) + "\n")
+    return True
+
+
+def build(weights: str | None = None, out_dir: Path | None = None, force: bool = False,
+          place: bool = True, log=print) -> BuildResult:
+    """Build (or reuse) the artifacts and copy them where the lessons expect."""
+    import torch
+
+    out_dir = Path(out_dir or paths.MODELS_BUILD_DIR)
+    fp = _fingerprint(weights)
+    info = None if force else _current(out_dir, fp)
+    skipped = info is not None
+    if info is None:
+        t0 = time.perf_counter()
+        torch.set_num_threads(procs.cpu_cores())
+        model = build_demo_model() if weights is None else load_trained(weights)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        pth, onnx_path = out_dir / "food11.pth", out_dir / "food11.onnx"
+        torch.save(model, pth)
+        export_onnx(model, onnx_path)
+        diff = parity(model, onnx_path)
+        log(f"export parity: max |ONNX Runtime - PyTorch| = {diff:.2e} on a random batch of 4 "
+            f"(limit {PARITY_TOLERANCE:.0e})")
+        if not diff <= PARITY_TOLERANCE:
+            raise RuntimeError(f"ONNX export does not match PyTorch: max abs diff {diff:.3e} > {PARITY_TOLERANCE}")
+        info = {
+            "fingerprint": fp,
+            "weights_kind": "demo" if weights is None else "trained",
+            "parity_max_abs_diff": diff,
+            "sha256": {"food11.pth": _sha256(pth), "food11.onnx": _sha256(onnx_path)},
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        (out_dir / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+        log(f"built {info['weights_kind']} weights in {time.perf_counter() - t0:.1f} s")
+    else:
+        log(f"artifacts are current ({info['weights_kind']} weights, built {info['built_at']}); nothing to rebuild")
+        log(f"export parity (recorded at build): max abs diff = {info['parity_max_abs_diff']:.2e}")
+    copied = []
+    if place:
+        for src, targets in ((out_dir / "food11.pth", paths.PTH_TARGETS), (out_dir / "food11.onnx", paths.ONNX_TARGETS)):
+            for dest in targets:
+                if _place(src, dest, info):
+                    copied.append(dest)
+                log(f"  {'wrote ' if dest in copied else 'kept  '} {_rel(dest)}")
+    if info["weights_kind"] == "demo":
+        log(f"note: {food11.DEMO_WEIGHTS_NOTE} (use --weights to load trained Food-11 weights)")
+    return BuildResult(out_dir / "food11.pth", out_dir / "food11.onnx", info["parity_max_abs_diff"],
+                       info["weights_kind"], copied, skipped and not copied)
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(p.relative_to(paths.REPO_ROOT))
+    except ValueError:
+        return str(p)
+
+
+def artifacts_ready() -> bool:
+    return all(p.exists() for p in (*paths.PTH_TARGETS, *paths.ONNX_TARGETS))
+
+
+# --------------------------------------------------------------------------
+# One-image check through each artifact (the first README command prints it)
+# --------------------------------------------------------------------------
+
+def predict_each(image_path: Path) -> dict[str, food11.Prediction]:
+    import onnxruntime as ort
+    import torch
+
+    x = food11.preprocess(image_path.read_bytes())[None]
+    model = torch.load(paths.PTH_TARGETS[0], weights_only=False)
+    model.eval()
+    with torch.no_grad():
+        pt = food11.predict_from_logits(model(torch.from_numpy(x)).numpy())[0]
+    sess = ort.InferenceSession(str(paths.ONNX_TARGETS[0]), providers=["CPUExecutionProvider"])
+    ox = food11.predict_from_logits(sess.run(["output"], {"input": x})[0])[0]
+    return {"food11.pth (PyTorch)": pt, "food11.onnx (ONNX Runtime)": ox}
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("models", help="build the Food-11 model artifacts (food11.pth, food11.onnx)")
+    msub = p.add_subparsers(dest="models_command", metavar="ACTION")
+    msub.required = True
+    b = msub.add_parser("build", help="build or reuse the artifacts and place them for each lesson folder")
+    b.add_argument("--weights", metavar="PATH_OR_URL",
+                   help="trained Food-11 weights: a full pickled model or a state_dict (default: demo weights)")
+    b.add_argument("--force", action="store_true", help="rebuild even if the artifacts are current")
+    b.set_defaults(func=_cmd_build)
+    pr = msub.add_parser("predict", help="classify one image through each artifact")
+    pr.add_argument("image", nargs="?", help="image file (default: every bundled sample)")
+    pr.set_defaults(func=_cmd_predict)
+
+
+def _cmd_build(args) -> int:
+    try:
+        build(weights=args.weights, force=args.force)
+    except WeightsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _cmd_predict(args) -> int:
+    if not artifacts_ready():
+        print("error: model artifacts missing: run `python -m servelab models build` first", file=sys.stderr)
+        return 2
+    images = [Path(args.image)] if args.image else paths.sample_images()
+    kind = food11.weights_kind(paths.PTH_TARGETS[0])
+    print(f"weights: {kind}" + (f" ({food11.DEMO_WEIGHTS_NOTE})" if kind == "demo" else ""))
+    for img in images:
+        try:
+            preds = predict_each(img)
+        except food11.ImageDecodeError as err:
+            print(f"error: {img}: {err}", file=sys.stderr)
+            return 2
+        cells = "  |  ".join(f"{k}: {v.label} {v.probability:.3f}" for k, v in preds.items())
+        print(f"{img.name:<24} {cells}")
+    return 0

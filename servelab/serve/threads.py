@@ -1,0 +1,224 @@
+"""How many CPU threads one inference may use: the kit's one rule.
+
+A lone request gets every core; when several requests are in flight, each
+gets an equal share (one core each on a 2-core machine). Why:
+
+* one batch-1 forward pass on all cores is the lowest latency (a plain
+  ``torch`` or ONNX Runtime default does this, and a lab that is slower than
+  the plain code at one client teaches the wrong thing);
+* N passes at once on all cores each run N x cores threads on the cores:
+  threads wait on each other at every layer and every request gets slower;
+* on a machine kept busy by other work (load average above 3 x the cores)
+  every inference gets one thread: a multi-threaded pass waits at every layer
+  for all its threads to be scheduled at once.
+
+``CoreShare`` counts the inferences in flight. Within one process (the
+FastAPI services: one request per thread) a counter does it. Triton runs each
+model instance in its own process, so instances of one model count each other
+through byte-range locks on a small file (``group=``): a lock held by a
+process that dies is released by the kernel, so a crash never leaves a stale
+count. The OpenMP / ONNX Runtime thread pools keep their library defaults
+(spin a few milliseconds, then sleep), so an idle server uses no CPU.
+
+    share = CoreShare(group="food_classifier")    # in each Triton instance
+    with share.threads() as n:                    # n = cores alone, else cores // busy
+        torch.set_num_threads(n)
+        ...forward pass...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import stat
+import tempfile
+import threading
+from collections.abc import Iterator
+
+from servelab.core import procs
+
+log = logging.getLogger("servelab")
+
+# Instances of one model that can see each other (one lock byte each).
+MAX_PROCESSES = 16
+
+
+def share_of(cores: int, busy: int) -> int:
+    """Threads for one of ``busy`` inferences in flight on ``cores`` cores."""
+    return max(1, cores // max(1, busy))
+
+
+def machine_busy(cores: int) -> bool:
+    """Other work keeps more than three times our cores runnable (1-minute
+    load average; the lab's own closed loops stay below it). A pass on several
+    threads waits at every layer for all of them to be running at once; on
+    such a machine that wait dominates (seen here at load 12 on 2 cores:
+    2-thread passes 1-2 s, 1-thread passes 0.2 s)."""
+    try:
+        return os.getloadavg()[0] > 3 * cores
+    except OSError:
+        return False
+
+
+def lock_folder() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def lock_path(folder: str, server: int, group: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in group)
+    return os.path.join(folder, f"servelab-cores-{os.getuid()}-{server}-{safe}")
+
+
+def open_lock(path: str) -> int | None:
+    """Open (or create) a group's lock file safely, or None (with a warning).
+
+    The name is predictable and /dev/shm is writable by everyone, so another
+    user could plant a link there: O_NOFOLLOW refuses a symbolic link (the
+    kit never creates or opens its target), and the file must be a regular
+    file with one link, owned by us. Without the file, instances of a model
+    simply do not count each other (each takes every core)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        log.warning("core-share lock %s not opened (%s): instances will not share cores", path, err)
+        return None
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        log.warning("core-share lock %s is not a plain file of ours: not used", path)
+        return None
+    return fd
+
+
+def remove_locks(server: int, folder: str | None = None) -> list[str]:
+    """Delete the lock files of one server's instances (at its stop)."""
+    folder = folder or lock_folder()
+    prefix = f"servelab-cores-{os.getuid()}-{server}-"
+    removed = []
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(prefix)]
+    except OSError:
+        return removed
+    for name in names:
+        try:
+            os.unlink(os.path.join(folder, name))   # unlink never follows a link
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def _remove_stale(folder: str) -> None:
+    """Delete the (empty) lock files of servers that are gone."""
+    prefix = f"servelab-cores-{os.getuid()}-"
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not procs.pid_alive(int(pid)):
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
+
+
+class CoreShare:
+    """Hands each inference its share of the cores (see the module doc).
+
+    ``workers`` bounds how many inferences run at once in this process
+    (others wait, so under load you measure queueing, not thrashing);
+    default: one per core. ``group`` names a set of processes (Triton
+    instances of one model) that share the cores; None: this process alone.
+    ``server`` (default: the parent PID, a stub's tritonserver) keeps two
+    servers' instances of a model apart.
+    """
+
+    def __init__(self, cores: int | None = None, *, workers: int | None = None,
+                 group: str | None = None, lock_dir: str | None = None, server: int | None = None):
+        self.cores = cores or procs.cpu_cores()
+        self.workers = max(1, workers or self.cores)
+        self._slots = threading.BoundedSemaphore(self.workers)
+        self._lock = threading.Lock()
+        self._demand = 0          # inferences of this process waiting or running
+        self._fd = None
+        self._byte = None         # our lock byte in the group file while busy
+        self._running = 0
+        if group:
+            # One file per server (a stub's parent is its tritonserver) and model.
+            folder = lock_dir or lock_folder()
+            server = os.getppid() if server is None else server
+            _remove_stale(folder)
+            self._fd = open_lock(lock_path(folder, server, group))
+        self.last = self.cores    # threads handed to the latest inference (for logs and tests)
+
+    @property
+    def shares(self) -> list[int]:
+        """Every thread count ``threads()`` can hand out in this process: a share
+        per number of inferences in flight, and 1 on a machine busy with other work."""
+        return sorted({1} | {share_of(self.cores, b) for b in range(1, self.workers + 1)})
+
+    def _others_busy(self) -> int:
+        """Processes of the group holding a lock byte right now (not us)."""
+        busy = 0
+        for i in range(MAX_PROCESSES):
+            if i == self._byte:
+                continue
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, i)
+            except OSError:
+                busy += 1          # held by another process
+            else:
+                fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, i)
+        return busy
+
+    def _enter_group(self) -> int:
+        # Called under self._lock. fcntl locks belong to the process, so the
+        # process holds one byte while any of its inferences runs.
+        if self._byte is None:
+            for i in range(MAX_PROCESSES):
+                try:
+                    fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, i)
+                except OSError:
+                    continue
+                self._byte = i
+                break
+        self._running += 1
+        return self._others_busy()
+
+    def _leave_group(self) -> None:
+        self._running -= 1
+        if self._running == 0 and self._byte is not None:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, self._byte)
+            self._byte = None
+
+    @contextlib.contextmanager
+    def threads(self) -> Iterator[int]:
+        """Wait for a free worker slot, then yield this inference's thread count."""
+        with self._lock:
+            self._demand += 1
+        try:
+            with self._slots:
+                with self._lock:
+                    others = self._enter_group() if self._fd is not None else 0
+                    n = share_of(self.cores, min(self._demand, self.workers) + others)
+                    if n > 1 and machine_busy(self.cores):
+                        n = 1
+                self.last = n
+                try:
+                    yield n
+                finally:
+                    if self._fd is not None:
+                        with self._lock:
+                            self._leave_group()
+        finally:
+            with self._lock:
+                self._demand -= 1
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
