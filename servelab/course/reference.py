@@ -56,13 +56,17 @@ KEPT_MIME = ("image/png", "text/plain")
 # Environment per scale and notebook (the notebooks read these; unset = the lesson's own counts).
 SCALES = {
     "lesson": {"tour": 1.0, "4_fastapi": {}, "6_triton": {}},
-    "reduced": {  # the notebook tests' settings (tests/notebooks/test_measurement_notebooks.py)
+    "reduced": {  # the notebook tests run at these sizes (tests/notebooks/test_measurement_notebooks.py)
         "tour": 0.3,
         "4_fastapi": {"SERVELAB_NB_SEQUENTIAL": "20", "SERVELAB_NB_CONCURRENT": "48", "SERVELAB_NB_SWEEP": "32"},
         "6_triton": {
+            # Three windows of 16 requests, no stability search: bounded time. (--request-count
+            # reports requests / whole seconds: 48 requests in 2.4 s read as 16.0 infer/s.)
             "SERVELAB_NB_PERF_ARGS": "--measurement-mode count_windows --measurement-request-count 16 "
                                      "--stability-percentage 100",
+            # request-rate runs: perf_analyzer refuses a count below the rate (0.5 / S(1), ~60-90/s here)
             "SERVELAB_NB_RATE_ARGS": "--request-count 200", "SERVELAB_NB_RUN_SECONDS": "6",
+            # the load sweep at reduced size: three points, short runs
             "SERVELAB_NB_SWEEP_SECONDS": "2", "SERVELAB_NB_SWEEP_FACTORS": "0.5,1.0,2.0",
             "SERVELAB_NB_BATCH_REQUESTS": "4",
         },
@@ -250,7 +254,7 @@ def _with_retry(run, name: str, results: Path, log):
 def run_4_fastapi(env_extra: dict, work: Path, log):
     from servelab.local import stack
 
-    with stack.running(["fastapi_pt", "fastapi_onnx"], free_ports=True) as st:
+    with stack.running(["fastapi_pt", "fastapi_onnx", "flask"], free_ports=True) as st:  # 4 retests the page
         env = kernel_env(**st.env, SERVELAB_RESULTS_DIR=str(work / "results-4"), **env_extra)
         return _with_retry(lambda: run_notebook("4_fastapi", env), "4_fastapi", work / "results-4", log)
 

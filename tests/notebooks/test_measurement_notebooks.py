@@ -17,10 +17,14 @@ import warnings
 
 import pytest
 
-from servelab.course import lab
+from servelab.course import lab, reference
 from tests.images import imagekit
 
 from .nbkit import LAST_KERNEL_ARGV, REPO_ROOT, base_kernel_env, image_kernel_env, notebook_text, run_notebook
+
+# One setting sizes both executions: the reduced scale of servelab/course/reference.py, which
+# `servelab reference build --scale reduced` uses too. The lesson-scale runs are `make reference`.
+REDUCED = reference.SCALES["reduced"]
 
 
 def _checks(text: str) -> tuple[list[str], list[str]]:
@@ -82,8 +86,7 @@ def test_4_fastapi_runs_against_the_local_stack(tmp_path, jupyter_image_env):
     from servelab.local import stack
 
     with stack.running(["fastapi_pt", "fastapi_onnx", "flask"], free_ports=True) as st:
-        env = image_kernel_env(jupyter_image_env, **st.env, SERVELAB_NB_SEQUENTIAL="20",
-                               SERVELAB_NB_CONCURRENT="48", SERVELAB_NB_SWEEP="32",
+        env = image_kernel_env(jupyter_image_env, **st.env, **REDUCED["4_fastapi"],
                                SERVELAB_RESULTS_DIR=str(tmp_path / "results"))
         assert env["FASTAPI_ONNX_URL"] != env["FASTAPI_SERVER_URL"]
         nb = _run_with_one_retry("4_fastapi", env, python_env=jupyter_image_env)
@@ -96,8 +99,9 @@ def test_4_fastapi_runs_against_the_local_stack(tmp_path, jupyter_image_env):
     assert "class PredictRequest(BaseModel):" in text and "the model runs here: logits = model(batch)" in text
     assert "the web page still classifies a photo" in text
     # The loops report what the lab asks for, with units, and count failures separately.
-    assert re.search(r"PyTorch, sequential: 20 succeeded, 0 failed", text)
-    assert re.search(r"ONNX, 16 clients: 48 succeeded, 0 failed", text)
+    sizes = REDUCED["4_fastapi"]
+    assert re.search(rf"PyTorch, sequential: {sizes['SERVELAB_NB_SEQUENTIAL']} succeeded, 0 failed", text)
+    assert re.search(rf"ONNX, 16 clients: {sizes['SERVELAB_NB_CONCURRENT']} succeeded, 0 failed", text)
     assert re.search(r"p99 [0-9.]+ ms", text)
     assert "400" in text  # the bad request was refused with a 4xx
     # The plots rendered as images.
@@ -156,17 +160,7 @@ def test_6_triton_runs_against_a_local_triton(tmp_path, jupyter_sdk_image_env):
         env = kernel_env(
             TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_METRICS_URL=t.metrics_url,
             TRITON_MODEL_REPOSITORY=str(repo),
-            SERVELAB_RESULTS_DIR=str(tmp_path / "results"),
-            # Three windows of 16 requests, no stability search: bounded time. (--request-count
-            # reports requests / whole seconds: 48 requests in 2.4 s read as 16.0 infer/s.)
-            SERVELAB_NB_PERF_ARGS="--measurement-mode count_windows --measurement-request-count 16 "
-                                  "--stability-percentage 100",
-            # request-rate runs: perf_analyzer refuses a count below the rate (0.5 / S(1), ~60-90/s here)
-            SERVELAB_NB_RATE_ARGS="--request-count 200",
-            SERVELAB_NB_RUN_SECONDS="6",
-            # the load sweep at reduced size: three points, short runs
-            SERVELAB_NB_SWEEP_SECONDS="2", SERVELAB_NB_SWEEP_FACTORS="0.5,1.0,2.0",
-            SERVELAB_NB_BATCH_REQUESTS="4",
+            SERVELAB_RESULTS_DIR=str(tmp_path / "results"), **REDUCED["6_triton"],
         )
         nb = _run_with_one_retry("6_triton", env, hooks={"on_cell_execute": hand_edit}, python_env=sdk)
         assert not sdk or LAST_KERNEL_ARGV[0] == str(sdk / "bin" / "python")
