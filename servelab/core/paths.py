@@ -11,6 +11,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]  # servelab/ (this file is in 
 REPO_ROOT = Path(os.environ.get("SERVELAB_ROOT", PACKAGE_DIR.parent)).resolve()
 
 SAMPLES_DIR = PACKAGE_DIR / "samples"
+KIT_DIR_ON_NODE = "serve-system-chi"  # the kit's folder in the cc user's home on the GPU node
 BUILD_DIR = REPO_ROOT / "build"
 MODELS_BUILD_DIR = BUILD_DIR / "models"
 RESULTS_DIR = REPO_ROOT / "results"

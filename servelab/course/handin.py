@@ -108,7 +108,7 @@ def where_to_fetch(archive: Path, root: Path | None = None) -> list[str]:
     (mounted from ``~/serve-system-chi`` on the node), and the node's disk goes
     with the lease: the student downloads the zip at once, or copies results/ to
     Chameleon Jupyter with 7_delete_resources' copy cell, which deletes nothing."""
-    from servelab.node import chameleon, leaseclock
+    from servelab.node import leaseclock
 
     root = Path(root or paths.REPO_ROOT).resolve()
     try:
@@ -122,7 +122,7 @@ def where_to_fetch(archive: Path, root: Path | None = None) -> list[str]:
     except ValueError:
         clock, left = "", None
     if left is not None:  # on the lease's node
-        lines.append(f"  on node-serve-system: ~/{chameleon.KIT_DIR}/{rel.as_posix()}. It goes with the node when the "
+        lines.append(f"  on node-serve-system: ~/{paths.KIT_DIR_ON_NODE}/{rel.as_posix()}. It goes with the node when the "
                      "lease ends; in Chameleon Jupyter, 7_delete_resources' first two cells ('Copy your work back') "
                      "copy every results/ zip there, any time, and delete nothing.")
         lines.append("  " + clock)

@@ -41,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servelab.core import paths
+
 # Pinned because the notebooks rely on its signatures and on the traps above.
 PYTHON_CHI_VERSION = "1.2.10"
 
@@ -49,7 +51,7 @@ NODE_TYPE = "gpu_p100"            # bare metal, 2x Tesla P100 16 GB
 NODE_COUNT = 1
 LEASE_HOURS = 3
 IMAGE = "CC-Ubuntu24.04-CUDA"     # ships CUDA 12.6 and driver 560 (supports Pascal)
-KIT_DIR = "serve-system-chi"      # the kit's folder in the cc user's home on the node
+KIT_DIR = paths.KIT_DIR_ON_NODE   # the kit's folder in the cc user's home on the node
 # Notebook 2 uploads the Chameleon Jupyter copy of the kit; setting this environment
 # variable to a git URL makes it clone that repository on the node instead.
 KIT_REPO_URL_ENV = "KIT_REPO_URL"

@@ -90,10 +90,12 @@ def gpu_count() -> int:
     return min(seen, present)
 
 
-# Folders the dynamic linker searches anyway: a libpython there needs no LD_LIBRARY_PATH entry.
-_MULTIARCH = sysconfig.get_config_var("MULTIARCH") or ""
-SYSTEM_LIB_DIRS = {"/lib", "/usr/lib", "/lib64", "/usr/lib64"} | (
-    {f"/lib/{_MULTIARCH}", f"/usr/lib/{_MULTIARCH}"} if _MULTIARCH else set())
+def system_lib_dirs() -> set[str]:
+    """Folders the dynamic linker searches anyway: a libpython there needs no LD_LIBRARY_PATH entry.
+    (Read when a server starts, not at import: the CLI imports this module in images without Triton.)"""
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    return {"/lib", "/usr/lib", "/lib64", "/usr/lib64"} | (
+        {f"/lib/{multiarch}", f"/usr/lib/{multiarch}"} if multiarch else set())
 
 
 def server_env(install: TritonInstall) -> dict[str, str]:
@@ -106,7 +108,7 @@ def server_env(install: TritonInstall) -> dict[str, str]:
     # would put its libraries (a system CUDA or cuDNN) before torch's own in the stubs.
     libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
     if libdir and soname and (Path(libdir) / soname).exists() and \
-            os.path.normpath(libdir) not in SYSTEM_LIB_DIRS:
+            os.path.normpath(libdir) not in system_lib_dirs():
         lib_path.append(libdir)
     env = procs.child_env()
     # OpenMP threads (torch's) wait for the next layer by spinning, then sleep.

@@ -53,12 +53,12 @@ BASE_PROVIDES: dict[str, dict[str, str]] = {
 SDK_STAND_IN = ["tritonclient[http,grpc]==2.50.0"]  # [all] adds cuda-python, which no notebook uses
 
 # Where the notebooks' other places run (issue 28): the node has only its system Python;
-# Chameleon's Jupyter has python-chi (with fabric/invoke, which its server.execute uses) and
-# IPython, and no torch.
+# Chameleon's Jupyter has python-chi (with fabric/invoke, which its server.execute uses, and
+# python-blazarclient, which its chi/lease.py imports) and IPython, and no torch.
 PLACE_PROVIDES = {
     "node": {},
     "chameleon": {"chi": "python-chi", "fabric": "fabric", "invoke": "invoke", "IPython": "ipython",
-                  "paramiko": "paramiko"},
+                  "paramiko": "paramiko", "blazarclient": "python-blazarclient"},
 }
 
 

@@ -84,7 +84,12 @@ def run_notebook(name: str, env: dict[str, str], timeout: int = 300, hooks: dict
         resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}, **(hooks or {}),
     )
     client.execute(env=env)
-    LAST_KERNEL_ARGV[:] = client.km.kernel_spec.argv
+    if python_env:  # the kernel manager we made; nbclient drops one it made itself after the run
+        LAST_KERNEL_ARGV[:] = kw["km"].kernel_spec.argv
+    else:
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        LAST_KERNEL_ARGV[:] = KernelSpecManager().get_kernel_spec(kw["kernel_name"]).argv
     return nb
 
 

@@ -98,18 +98,18 @@ def _servelab_parser():
     return parser, sub
 
 
-def _check_servelab_command(argv: list[str]) -> None:
-    """`python -m servelab <cmd> ...` parses with the kit's CLI (or the module's own parser
-    while the lead has not registered it in servelab/cli.py yet)."""
+def _check_servelab_command(module: str, args: list[str]) -> None:
+    """`python3 -m servelab.<sub>.<cmd> ARGS` parses as `python -m servelab <cmd> ARGS` with the kit's
+    CLI (or the module's own parser while it is not registered in servelab/cli.py)."""
+    argv = [module.rsplit(".", 1)[1], *args]
     parser, sub = _servelab_parser()
     if argv[0] not in sub.choices:
-        module = importlib.import_module(f"servelab.{argv[0]}")
         parser = argparse.ArgumentParser(prog="servelab")
-        module.add_parser(parser.add_subparsers(dest="command"))
+        importlib.import_module(module).add_parser(parser.add_subparsers(dest="command"))
     try:
         parser.parse_args(argv)
     except SystemExit as exc:
-        raise AssertionError(f"`python -m servelab {' '.join(argv)}` does not parse") from exc
+        raise AssertionError(f"`python3 -m {module} {' '.join(args)}` does not parse") from exc
 
 
 def _check_compose_command(argv: list[str], env_vars: list[str]) -> list[Path]:
@@ -201,7 +201,7 @@ def test_host_commands_name_things_that_exist(name):
         elif "python" in argv[0] and "-m" in argv[:3]:
             # No venv on the node: only the kit's standard-library modules run on the node's own python3.
             assert argv[:2] == ["python3", "-m"] and argv[2] in NODE_MODULES, " ".join(argv)
-            _check_servelab_command([argv[2].split(".", 1)[1], *argv[3:]])
+            _check_servelab_command(argv[2], argv[3:])
     if name in ("3_fastapi_setup", "5_triton_setup"):
         stack = "fastapi" if name.startswith("3") else "triton"
         assert compose_file(f"{KIT_ON_NODE}/docker/docker-compose-{stack}.yaml") in files_used
