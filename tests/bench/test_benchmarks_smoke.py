@@ -105,6 +105,8 @@ def test_every_benchmark_has_a_smoke_check():
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_benchmark_runs_tiny(name, tmp_path):
+    """Each benchmark end to end at --tiny sizes. Over 120 s for bench_naive.py (~2 min idle): it
+    starts the kit's and the naive Triton and FastAPI servers and runs every row in ABBA order."""
     if name not in EXPECTED:
         pytest.fail(f"{name}: no expected rows in EXPECTED")
     extra, codes, rows, json_ok = EXPECTED[name]
