@@ -38,20 +38,22 @@ def start_fastapi(folder: str, log_dir: Path, env: dict | None = None) -> procs.
     return server
 
 
-def start_flask(log_dir: Path, env: dict) -> procs.Server:
-    """``python app.py`` in flask_app/ on a free port; waits for the page."""
+def start_flask(log_dir: Path, env: dict, cmd=None, name: str = "flask_app", ready: str = "/") -> procs.Server:
+    """The Flask UI in flask_app/ on a free loopback port; waits until ``ready`` answers.
+    ``cmd(port)`` gives its command line (default ``python app.py``; a web server's for the
+    gunicorn tests)."""
     port = procs.free_port()
     url = f"http://127.0.0.1:{port}"
     server = procs.start(
-        "flask_app",
-        [sys.executable, "app.py"],
+        name,
+        cmd(port) if cmd else [sys.executable, "app.py"],
         url,
-        log_path=log_dir / f"flask_app-{port}.log",
+        log_path=log_dir / f"{name}-{port}.log",
         env={"PYTHONPATH": str(REPO), "HOST": "127.0.0.1", "PORT": str(port), **env},
         cwd=REPO / "flask_app",
     )
     try:
-        procs.wait_http_ok(f"{url}/", timeout=60, server=server)
+        procs.wait_http_ok(f"{url}{ready}", timeout=60, server=server)
     except BaseException:
         server.stop()
         raise

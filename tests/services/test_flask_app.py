@@ -14,7 +14,7 @@ import pytest
 from servelab.core import food11, paths, procs
 from servelab.serve import flask_backends
 
-from .helpers import REPO, bomb_png, first_jpeg, truncated_jpeg
+from .helpers import REPO, bomb_png, first_jpeg, start_flask, truncated_jpeg
 
 _loaded = 0
 
@@ -213,15 +213,11 @@ def container_server(request, onnx_server, tmp_path, monkeypatch):
     cmd = _dockerfile_cmd()
     exe = shutil.which(cmd[0], path=os.path.dirname(sys.executable)) or shutil.which(cmd[0])
     assert exe, f"{cmd[0]} is not installed (pyproject's [serve] extra)"
-    port = procs.free_port()
     # The image binds 0.0.0.0:5000; here the same command binds loopback.
-    cmd = [exe] + [a.replace("0.0.0.0:5000", f"127.0.0.1:{port}") for a in cmd[1:]]
-    server = procs.start("flask_container_cmd", cmd, f"http://127.0.0.1:{port}", log_path=tmp_path / "gunicorn.log",
-                         cwd=REPO / "flask_app",
-                         env={"PYTHONPATH": str(REPO), "HOST": "127.0.0.1", "PORT": str(port),
-                              "INFERENCE_BACKEND": "fastapi", "FASTAPI_SERVER_URL": onnx_server.url})
+    server = start_flask(tmp_path, {"INFERENCE_BACKEND": "fastapi", "FASTAPI_SERVER_URL": onnx_server.url},
+                         cmd=lambda port: [exe] + [a.replace("0.0.0.0:5000", f"127.0.0.1:{port}") for a in cmd[1:]],
+                         name="flask_container_cmd", ready="/health")
     try:
-        procs.wait_http_ok(f"{server.url}/health", timeout=60, server=server)
         yield server
     finally:
         server.stop()

@@ -25,9 +25,7 @@ import time
 import pytest
 import requests
 
-from servelab.core import procs
-
-from .helpers import REPO, b64, first_jpeg
+from .helpers import b64, first_jpeg, start_flask
 
 ATTACK_ITEMS = 3_700_000
 ATTACK_BODY = b"[" + b"{}," * (ATTACK_ITEMS - 1) + b"{}]"   # ~11.1 MB, under the 413 limit
@@ -193,14 +191,10 @@ def flask_gunicorn(onnx_server, service_logs):
     import sys
 
     exe = shutil.which("gunicorn", path=os.path.dirname(sys.executable))
-    port = procs.free_port()
-    server = procs.start("flask_gunicorn", [exe, "--config", "python:servelab.serve.webserver", "app:app"],
-                         f"http://127.0.0.1:{port}", log_path=service_logs / f"flask-gunicorn-{port}.log",
-                         cwd=REPO / "flask_app",
-                         env={"PYTHONPATH": str(REPO), "HOST": "127.0.0.1", "PORT": str(port),
-                              "INFERENCE_BACKEND": "fastapi", "FASTAPI_SERVER_URL": onnx_server.url})
+    server = start_flask(service_logs, {"INFERENCE_BACKEND": "fastapi", "FASTAPI_SERVER_URL": onnx_server.url},
+                         cmd=lambda port: [exe, "--config", "python:servelab.serve.webserver", "app:app"],
+                         name="flask_gunicorn", ready="/health")
     try:
-        procs.wait_http_ok(f"{server.url}/health", timeout=60, server=server)
         yield server
     finally:
         server.stop()
