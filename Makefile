@@ -30,13 +30,17 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Headless Chromium for the browser tests (Debian packages; no browser download).
+# Debian packages the tests run for real (no downloads from elsewhere): headless Chromium for the
+# browser tests, HAProxy and Prometheus for the scale-out lesson (replicas behind a balancer).
+SYSDEPS_BINS := /usr/bin/chromium /usr/bin/chromedriver /usr/sbin/haproxy /usr/bin/prometheus /usr/bin/promtool
 sysdeps:
-	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	@missing=""; for b in $(SYSDEPS_BINS); do [ -x $$b ] || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian chromium + chromium-driver for the browser tests"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
-	  else echo "warning: /usr/bin/chromium missing; install Debian's chromium and chromium-driver"; fi; \
+	    echo "installing Debian chromium, chromium-driver, haproxy, prometheus (missing:$$missing)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      chromium chromium-driver haproxy prometheus >/dev/null; \
+	  else echo "warning: missing$$missing; install Debian's chromium, chromium-driver, haproxy and prometheus"; fi; \
 	fi
 
 models: setup

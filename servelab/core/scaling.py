@@ -1,0 +1,50 @@
+"""The scale-out lesson's one metric and one rule, shared by every place that uses them.
+
+Prometheus (local replicas, the node's Compose stack), prometheus-adapter and the
+HorizontalPodAutoscaler in ``k8s/``, and the notebooks all read the names from here, so
+the metric a notebook computes is the one the autoscaler would act on.
+
+The metric is Triton's average queue time per request over a window: the rise of
+``nv_inference_queue_duration_us`` (cumulative microseconds requests spent queued)
+divided by the rise of ``nv_inference_request_success`` (cumulative requests served),
+both from Triton's metrics port. The rule is the HorizontalPodAutoscaler's
+(Kubernetes documentation, "Horizontal Pod Autoscaling", algorithm details):
+``desired = ceil(current * metric / target)``, unchanged while ``metric / target`` is
+within the tolerance (the controller's default ``--horizontal-pod-autoscaler-tolerance``
+is 0.1).
+"""
+
+from __future__ import annotations
+
+import math
+
+# The Prometheus recording rule / adapter metric name (snake case: also a valid
+# Kubernetes custom-metric name).
+METRIC = "servelab_queue_us_per_request"
+# The window Prometheus takes the rise over. Long enough for several scrapes at the
+# scrape interval below, short enough for the lesson's ramp steps.
+WINDOW = "30s"
+SCRAPE_INTERVAL = "5s"
+# Triton's cumulative counters the metric is made of.
+QUEUE_COUNTER = "nv_inference_queue_duration_us"
+SUCCESS_COUNTER = "nv_inference_request_success"
+# HPA's default tolerance: no change while metric/target is within 1 +/- 0.1.
+TOLERANCE = 0.1
+
+
+def promql(window: str = WINDOW, by: str = "") -> str:
+    """The metric as a PromQL expression, summed over every replica (or ``by`` a label)."""
+    group = f" by ({by})" if by else ""
+    return (f"sum{group}(delta({QUEUE_COUNTER}[{window}])) / "
+            f"sum{group}(delta({SUCCESS_COUNTER}[{window}]))")
+
+
+def desired_replicas(current: int, metric: float, target: float, *, tolerance: float = TOLERANCE,
+                     minimum: int = 1, maximum: int | None = None) -> int:
+    """What the HorizontalPodAutoscaler asks for, given ``current`` replicas and the metric's value."""
+    if current < 1 or target <= 0:
+        raise ValueError(f"current={current} must be >= 1 and target={target} > 0")
+    ratio = metric / target
+    want = current if abs(ratio - 1.0) <= tolerance else math.ceil(current * ratio)
+    want = max(minimum, want)
+    return min(maximum, want) if maximum is not None else want

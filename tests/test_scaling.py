@@ -1,0 +1,33 @@
+"""The scale-out rule (servelab.core.scaling): the HorizontalPodAutoscaler's arithmetic."""
+
+import pytest
+
+from servelab.core import scaling
+
+
+@pytest.mark.parametrize("current, metric, target, want", [
+    (1, 100.0, 100.0, 1),    # on target
+    (2, 105.0, 100.0, 2),    # within the 10 % tolerance: no change
+    (2, 115.0, 100.0, 3),    # ceil(2 * 1.15) = 3
+    (1, 350.0, 100.0, 4),    # ceil(3.5)
+    (4, 20.0, 100.0, 1),     # ceil(0.8) = 1
+    (3, 0.0, 100.0, 1),      # idle: down to the minimum
+])
+def test_desired_replicas_follows_the_hpa_formula(current, metric, target, want):
+    assert scaling.desired_replicas(current, metric, target) == want
+
+
+def test_desired_replicas_respects_bounds_and_rejects_nonsense():
+    assert scaling.desired_replicas(1, 1000.0, 100.0, maximum=2) == 2
+    assert scaling.desired_replicas(1, 0.0, 100.0, minimum=2) == 2
+    with pytest.raises(ValueError):
+        scaling.desired_replicas(0, 1.0, 1.0)
+    with pytest.raises(ValueError):
+        scaling.desired_replicas(1, 1.0, 0.0)
+
+
+def test_promql_divides_queue_time_by_requests_over_the_window():
+    q = scaling.promql("1m", by="instance")
+    assert q == ("sum by (instance)(delta(nv_inference_queue_duration_us[1m])) / "
+                 "sum by (instance)(delta(nv_inference_request_success[1m]))")
+    assert scaling.promql().count(f"[{scaling.WINDOW}]") == 2
