@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "servelab.course.reference",
     "servelab.node.chameleon",
     "servelab.gpucheck",
+    "servelab.deploy.k8s",
 )
 
 

@@ -100,6 +100,7 @@ LAYERS = [
     {"servelab", "servelab.cli"},          # the package's docstring; the CLI dispatcher (imports by name only)
     {"servelab.core"},                     # Food-11 contract, paths, process plumbing
     {"servelab.serve", "servelab.node"},   # what the services share / what runs on the node (stdlib only)
+    {"servelab.deploy"},                   # the Kubernetes manifests: build, schema, consistency (no cluster)
     {"servelab.triton_runner"},            # runs inside Triton's stubs
     {"servelab.triton"},                   # the local Triton: install, configs, server, reloads, stubs
     {"servelab.bench"},                    # load generator, statistics, queueing model, plots

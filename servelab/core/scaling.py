@@ -32,11 +32,13 @@ SUCCESS_COUNTER = "nv_inference_request_success"
 TOLERANCE = 0.1
 
 
-def promql(window: str = WINDOW, by: str = "") -> str:
-    """The metric as a PromQL expression, summed over every replica (or ``by`` a label)."""
+def promql(window: str = WINDOW, by: str = "", matchers: str = "") -> str:
+    """The metric as a PromQL expression, summed over every replica (or ``by`` a label);
+    ``matchers`` selects series (prometheus-adapter passes ``<<.LabelMatchers>>``)."""
     group = f" by ({by})" if by else ""
-    return (f"sum{group}(delta({QUEUE_COUNTER}[{window}])) / "
-            f"sum{group}(delta({SUCCESS_COUNTER}[{window}]))")
+    sel = f"{{{matchers}}}" if matchers else ""
+    return (f"sum{group}(delta({QUEUE_COUNTER}{sel}[{window}])) / "
+            f"sum{group}(delta({SUCCESS_COUNTER}{sel}[{window}]))")
 
 
 def desired_replicas(current: int, metric: float, target: float, *, tolerance: float = TOLERANCE,
@@ -48,3 +50,42 @@ def desired_replicas(current: int, metric: float, target: float, *, tolerance: f
     want = current if abs(ratio - 1.0) <= tolerance else math.ceil(current * ratio)
     want = max(minimum, want)
     return min(maximum, want) if maximum is not None else want
+
+
+# The autoscaler's target, from the queueing model (servelab.bench.queueing's notation:
+# S = S(1), one request's service time; rho = the utilization of one replica).
+# The p99 budget is BUDGET_FACTOR x S(1), the kit's bound for a load that is still held
+# (servelab.bench.queueing.sustained_bound: 10x the unloaded latency).
+BUDGET_FACTOR = 10.0
+
+
+def p99_response(rho: float, service: float) -> float:
+    """A conservative p99 response at utilization ``rho`` of one replica fed Poisson arrivals:
+    M/M/1's waiting-time tail, P(Wq > t) = rho * exp(-(1 - rho) t / S), whose exponential
+    service is more variable than the deterministic S(1) of a GPU model, plus S itself."""
+    if not 0 <= rho < 1:
+        raise ValueError(f"utilization {rho} must be within [0, 1)")
+    wait = service / (1 - rho) * math.log(100 * rho) if rho > 0.01 else 0.0
+    return service + max(0.0, wait)
+
+
+def held_utilization(budget_factor: float = BUDGET_FACTOR) -> float:
+    """The highest utilization whose conservative p99 stays within ``budget_factor`` x S(1)."""
+    if budget_factor <= 1:
+        raise ValueError("the p99 budget must exceed one service time")
+    lo, hi = 0.0, 1.0 - 1e-9
+    for _ in range(100):  # p99_response rises with rho: bisection
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if p99_response(mid, 1.0) <= budget_factor else (lo, mid)
+    return lo
+
+
+def queue_target_us(service_us: float, budget_factor: float = BUDGET_FACTOR) -> float:
+    """The HPA's target for METRIC (queue microseconds per request): the mean queue time one
+    replica shows at :func:`held_utilization`, from M/D/1 (Pollaczek-Khinchine with a
+    deterministic S(1)): Wq = rho * S / (2 (1 - rho)). Above it, replicas are added before
+    the conservative p99 leaves the budget."""
+    if service_us <= 0:
+        raise ValueError(f"S(1) = {service_us} us must be > 0")
+    rho = held_utilization(budget_factor)
+    return rho * service_us / (2 * (1 - rho))
