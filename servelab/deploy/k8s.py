@@ -42,7 +42,7 @@ KUBERNETES_VERSION = "1.31.0"
 GPUS_PER_NODE = 2
 # S(1) the committed HPA target is computed from: the quiet S(1) of the ONNX model in the committed
 # reference run (docs/reference/tour/report.md, "quiet S(1) 5.6 ms"). Notebook 6d replaces the target
-# with one from the node's own Triton (python3 -m servelab.node.k8s target).
+# with one from the node's own Triton (python3 -m servelab.node.kube target).
 REFERENCE_S1_US = 5600.0
 SECRET_NAME = "servelab-secrets"          # made from docker/.env by a command, never committed
 ADMIN_KEY = "TRITON_ADMIN_KEY"

@@ -42,6 +42,7 @@ from pathlib import Path
 from unittest import mock
 
 STATE_ENV = "FAKE_CHAMELEON_STATE"
+K3S_VERSION = "v1.31.5+k3s1"  # servelab.deploy.k8s.K3S_VERSION (a test keeps them equal)
 
 PROJECT_ID = "a1b2c3d4e5f60718293a4b5c6d7e8f90"
 PROJECT_NAME = "CHI-251409"
@@ -947,6 +948,125 @@ class FakeNode:
         return "".join(f"GPU {i}: Tesla P100-PCIE-16GB (UUID: GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, str(i))})\n"
                        for i in range(2)), "", 0
 
+
+    # -- k3s and the lab on Kubernetes (notebook 6d) --------------------------
+    def _needs(self, *flags):
+        """(stdout, stderr, code) of a missing prerequisite, or None."""
+        msgs = {"docker": "bash: line 1: docker: command not found",
+                "k3s": "bash: line 1: kubectl: command not found",
+                "namespace": 'Error from server (NotFound): namespaces "servelab" not found',
+                "k8s_applied": 'Error from server (NotFound): deployments.apps "triton-server" not found'}
+        for f in flags:
+            if not self.flags.get(f):
+                return "", msgs.get(f, f"fake node: {f} missing"), 127 if f in ("docker", "k3s") else 1
+        return None
+
+    def _k3s_install(self, m):
+        if m["version"] != K3S_VERSION:
+            return "", f"fake node: k3s {m['version']} is not the pinned {K3S_VERSION}", 1
+        self.flags["k3s"] = True
+        self.flags["k3s_nvidia"] = bool(self.flags.get("toolkit"))  # found at start, if installed before
+        return "[INFO]  systemd: Starting k3s\n", "", 0
+
+    def _k_get_nodes(self, m):
+        return self._needs("k3s") or ("NAME                STATUS   ROLES                  AGE   VERSION\n"
+                                      f"node-serve-system   Ready    control-plane,master   1m    {K3S_VERSION}\n", "", 0)
+
+    def _k_apply_cluster(self, m):
+        missing = self._needs("k3s")
+        if missing:
+            return missing
+        self.flags["k8s_cluster"] = True
+        return "runtimeclass.node.k8s.io/nvidia created\ndaemonset.apps/nvidia-device-plugin created\n", "", 0
+
+    def _k_plugin_rollout(self, m):
+        missing = self._needs("k3s", "k8s_cluster")
+        if missing:
+            return missing
+        if not self.flags.get("k3s_nvidia"):
+            return "", "error: timed out waiting for the condition", 1
+        self.flags["gpus_allocatable"] = True
+        return 'daemon set "nvidia-device-plugin" successfully rolled out\n', "", 0
+
+    def _k_allocatable(self, m):
+        return self._needs("k3s") or (("2" if self.flags.get("gpus_allocatable") else ""), "", 0)
+
+    def _k_import(self, m):
+        missing = self._needs("docker", "k3s")
+        if missing:
+            return missing
+        self.flags["k8s_images"] = m["images"].split()
+        return "".join(f"unpacking docker.io/{i} ...done\n" for i in m["images"].split()), "", 0
+
+    def _k_namespace(self, m):
+        missing = self._needs("k3s")
+        if missing:
+            return missing
+        self.flags["namespace"] = True
+        return "namespace/servelab created\n", "", 0
+
+    def _k_secret(self, m):
+        missing = self._needs("k3s", "namespace")
+        if missing:
+            return missing
+        env = _node_path(self.home, "~/" + m["path"])
+        if not env.is_file():
+            return "", f"error: open {m['path']}: no such file or directory", 1
+        keys = dict(line.split("=", 1) for line in env.read_text().splitlines() if "=" in line)
+        if not keys.get("TRITON_ADMIN_KEY"):
+            return "", "fake node: docker/.env has no TRITON_ADMIN_KEY", 1
+        self.flags["secret"] = True
+        return "secret/servelab-secrets created\n", "", 0
+
+    def _k_apply_lab(self, m):
+        missing = self._needs("k3s")
+        if missing:
+            return missing
+        if not _node_path(self.home, m["path"] + "/kustomization.yaml").is_file():
+            return "", f"error: unable to find one of 'kustomization.yaml' in directory '{m['path']}'", 1
+        self.flags["namespace"] = self.flags["k8s_applied"] = True
+        return "deployment.apps/triton-server created\nhorizontalpodautoscaler.autoscaling/triton-server created\n", "", 0
+
+    def _k_rollout(self, m):
+        missing = self._needs("k3s", "k8s_applied")
+        if missing:
+            return missing
+        why = ("secret servelab-secrets not found" if not self.flags.get("secret") else
+               "ErrImageNeverPull: servelab/triton:24.10" if "servelab/triton:24.10" not in self.flags.get("k8s_images", [])
+               else "0/1 nodes are available: 1 Insufficient nvidia.com/gpu" if not self.flags.get("gpus_allocatable")
+               else None)
+        if why:
+            return "Waiting for deployment \"triton-server\" rollout to finish: 0 of 1 updated replicas are available...\n", \
+                f"error: timed out waiting for the condition ({why})", 1
+        self.flags["k8s_ready"] = True
+        return 'deployment "triton-server" successfully rolled out\n', "", 0
+
+    def _k_ready(self, out):
+        def handler(self, m):
+            return self._needs("k3s", "k8s_applied", "k8s_ready") or (out, "", 0)
+        return handler
+
+    def _k_teardown(self, names, out):
+        def handler(self, m):
+            missing = self._needs("k3s")
+            if missing:
+                return missing
+            for n in names.split():
+                self.flags.pop(n, None)
+            return out, "", 0
+        return handler
+
+    def _k_bench(self, m):
+        missing = self._needs("docker", "k8s_ready")
+        if missing:
+            return missing
+        return "rate 10/s: 100 sent, 100 ok\n", "", 0
+
+    def _k_target(self, m):
+        if not self.flags.get("k3s"):
+            return "", "error: kubectl: No such file or directory", 1
+        return self._needs("k8s_ready") or ("S(1) = 4000 us; target 2484 us of queue per request\nhpa/triton-server patched\n", "", 0)
+
     RULES = []  # filled below
 
 
@@ -987,6 +1107,41 @@ FakeNode.RULES = [(__import__("re").compile(pattern), handler) for pattern, hand
     (r"sudo apt-get install -y -q nvtop", FakeNode._flag(None, "nvtop")),
     (r"nvidia-smi --query-gpu=index,name,memory\.total,driver_version --format=csv,noheader", FakeNode._smi_query),
     (r"docker run --rm --gpus all ubuntu:24\.04 nvidia-smi -L", FakeNode._docker_gpus),
+    # notebook 6d: k3s (pinned), GPU support, images, the Secret from docker/.env, the manifests
+    (r"cd ~/serve-system-chi", FakeNode._ok),
+    (r"python3 -m servelab\.node\.leaseclock", FakeNode._ok),
+    (r"docker compose -f ~/serve-system-chi/docker/docker-compose-triton\.yaml (down|build)",
+     lambda self, m: self._docker_needed() or ("", "", 0)),
+    (r"curl -sfL https://get\.k3s\.io \| INSTALL_K3S_VERSION=(?P<version>\S+) K3S_KUBECONFIG_MODE=644 sh -s - "
+     r"--disable traefik", FakeNode._k3s_install),
+    (r"kubectl get nodes", FakeNode._k_get_nodes),
+    (r"kubectl apply -k ~/serve-system-chi/k8s/cluster", FakeNode._k_apply_cluster),
+    (r"kubectl -n kube-system rollout status daemonset/nvidia-device-plugin --timeout=\d+m", FakeNode._k_plugin_rollout),
+    (r"kubectl get nodes -o jsonpath='\{\.items\[0\]\.status\.allocatable\.nvidia\\\.com/gpu\}'", FakeNode._k_allocatable),
+    (r"docker save (?P<images>(?:servelab/[\w.:\-]+ ?)+) \| sudo k3s ctr images import -", FakeNode._k_import),
+    (r"kubectl create namespace servelab", FakeNode._k_namespace),
+    (r"kubectl -n servelab create secret generic servelab-secrets --from-env-file=\$HOME/(?P<path>[\w.\-/]+)",
+     FakeNode._k_secret),
+    (r"kubectl kustomize --load-restrictor LoadRestrictionsNone (?P<path>~/[\w.\-/]+) \| kubectl apply -f -",
+     FakeNode._k_apply_lab),
+    (r"kubectl -n servelab rollout status deployment/triton-server --timeout=\d+m", FakeNode._k_rollout),
+    (r"kubectl -n servelab get pods -o wide", FakeNode._k_ready(None, "triton-server-1   1/1   Running\n")),
+    (r"kubectl get --raw /apis/custom\.metrics\.k8s\.io/v1beta1/namespaces/servelab/services/triton-server/"
+     r"servelab_queue_us_per_request", FakeNode._k_ready(None, '{"kind":"MetricValueList","items":[{"value":"0"}]}\n')),
+    (r"TRITON=\$\(kubectl -n servelab get svc triton-server -o jsonpath='\{\.spec\.clusterIP\}'\)",
+     FakeNode._k_ready(None, "")),
+    (r"docker run --rm --network host -v ~/serve-system-chi:/kit -w /kit -e PYTHONPATH=/kit "
+     r"servelab/jupyter-sdk:24\.10 python3 -m servelab bench triton \$TRITON:8000 -m food_classifier_onnx "
+     r"--rate [\d,]+(?: --distribution poisson)? -d \d+", FakeNode._k_bench),
+    (r"python3 -m servelab\.node\.kube target", FakeNode._k_target),
+    (r"python3 -m servelab\.node\.kube watch --minutes \d+",
+     FakeNode._k_ready(None, "time     servelab_queue_us_per_request  target replicas computed\n")),
+    (r"kubectl -n servelab get hpa triton-server -w",
+     FakeNode._k_ready(None, "NAME            REFERENCE                  TARGETS   MINPODS   MAXPODS   REPLICAS\n")),
+    (r"kubectl delete namespace servelab", FakeNode._k_teardown(None, "namespace k8s_applied k8s_ready secret",
+                                                               'namespace "servelab" deleted\n')),
+    (r"kubectl delete -k ~/serve-system-chi/k8s/cluster", FakeNode._k_teardown(None, "k8s_cluster gpus_allocatable", "")),
+    (r"/usr/local/bin/k3s-uninstall\.sh", FakeNode._k_teardown(None, "k3s k3s_nvidia k8s_images", "")),
 ]]
 
 
