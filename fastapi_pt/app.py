@@ -13,7 +13,6 @@ gives the same answer for the same image.
 """
 
 import os
-import threading
 from pathlib import Path
 
 import torch
@@ -25,22 +24,9 @@ from servelab.serve import serving
 
 MODEL_PATH = Path(os.environ.get("MODEL_PATH", Path(__file__).with_name("food11.pth")))
 
-# --- Device and CPU threads: the lesson of this file ---------------------
-device = serving.torch_device()          # "cuda" if present, else "cpu"; SERVELAB_DEVICE forces one
-
-# Threads: a request alone gets every core (torch.set_num_threads(cores),
-# the fastest single request); when several are in flight each gets an equal
-# share, one core each at full load, so 16 requests never run 16 x cores
-# threads on the cores.
-# At most one pass per core runs at once; more requests wait in a queue.
-# On a machine kept busy by other programs every pass gets one thread.
-# OpenMP keeps its default wait (spin a few ms, then sleep): PASSIVE made a
-# 2-thread pass 2x slower, ACTIVE spins idle cores at 100 %.
-cores = serving.core_share(device)       # servelab/serve/threads.py: the mechanism
-torch.set_num_interop_threads(1)         # inter-op: MobileNetV2 is one chain of ops
-# Decoding is bounded too: a photo at the pixel limit is ~120 MB once
-# decoded, so at most one decode per core runs at once, whatever the load.
-decode_slots = threading.BoundedSemaphore(serving.cpu_threads())
+# Device (GPU if present) and CPU threads per request: servelab/serve/serving.py, pytorch_service.
+service = serving.pytorch_service()
+device = service.device
 
 # --- Load the model once, when the server starts ------------------------
 # uvicorn opens its port only after this module is imported, so a client that
@@ -49,18 +35,8 @@ model = torch.load(serving.require_model_file(MODEL_PATH), map_location=device, 
 model.eval()                             # inference mode for dropout / batch-norm
 info = serving.model_info(MODEL_PATH)    # version and demo/trained weights, shown with every answer
 
-# Warm-up: the first call allocates memory and picks kernels. It runs in a
-# short-lived thread, as requests do (FastAPI's threadpool): one pass in the
-# main thread made every later request ~35 % slower here (21 vs 34 req/s
-# sequential; the main thread keeps an OpenMP thread team of its own).
-def warm_up():
-    with torch.inference_mode():
-        model(torch.zeros(1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE, device=device))
-
-
-warm = threading.Thread(target=warm_up)
-warm.start()
-warm.join()
+# Warm-up: the first pass allocates memory and picks kernels.
+service.warm_up(lambda: model(torch.zeros(1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE, device=device)))
 
 app = FastAPI(
     title="Food-11 classifier (PyTorch)",
@@ -85,14 +61,6 @@ class PredictResponse(BaseModel):
     note: str
 
 
-@app.get("/health")
-def health():
-    return {"status": "ok", "model": info.name, "model_version": info.version,
-            "weights_kind": info.weights_kind, "backend": "pytorch", "device": device,
-            "device_name": serving.torch_device_name(device),   # the GPU's name, or the CPU's
-            "workers": cores.workers, "cores": cores.cores}
-
-
 # A plain `def` endpoint: FastAPI runs it in its worker threadpool, so while
 # one request runs its forward pass, others decode their images and then
 # queue for a free slot.
@@ -100,15 +68,20 @@ def health():
 def predict(request: PredictRequest):
     # base64 → image → float32 [3, 224, 224]. Bad input raises
     # food11.ImageDecodeError, which the error handlers turn into a 400/413.
-    with decode_slots:
+    with service.decoding():                                    # at most one decode per core
         x = food11.preprocess_base64(request.image)
     batch = torch.from_numpy(x).unsqueeze(0).to(device)        # [1, 3, 224, 224]
 
-    with cores.threads() as n, torch.inference_mode():   # waits for a free slot
-        if torch.get_num_threads() != n:                        # this thread's share; only on a change:
-            torch.set_num_threads(n)                            # each call cost ~7 % of a pass in Triton
+    with service.inference():          # waits for a free slot; all cores alone, a share beside others
         logits = model(batch)                                   # [1, 11]
 
     # Softmax turns logits into probabilities that sum to 1 over the classes.
     top = food11.predict_from_logits(logits.cpu().numpy())[0]
     return {**top.as_dict(), **info.response_fields()}
+
+
+@app.get("/health")
+def health():
+    return {"status": "ok", "model": info.name, "model_version": info.version,
+            "weights_kind": info.weights_kind, "backend": "pytorch",
+            **service.health_fields()}   # device, its name, workers, cores

@@ -8,7 +8,10 @@ they do not need to read to learn the lesson lives here:
 * the size limit on request bodies and the JSON schema of the base64 field;
 * JSON error responses: every client mistake becomes a 4xx with a sentence a
   student understands, never a 200 carrying an error and never a 500;
-* what model is loaded (name, version, demo or trained weights).
+* what model is loaded (name, version, demo or trained weights);
+* each service's mechanism behind one call: ``pytorch_service()`` and
+  ``onnx_service(path)`` (device, CPU threads per inference, decoding limits,
+  ONNX Runtime sessions per thread count, warm-up, the /health fields).
 
 The request contract, the body-size middleware and the error handlers live in
 ``servelab.serve.serving_contract``; this module re-exports them.
@@ -19,11 +22,13 @@ torch and the PyTorch service never imports onnxruntime.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +44,7 @@ from servelab.serve.serving_contract import (  # noqa: F401 (re-exported: the se
     BodySizeLimit,
     install_error_handlers,
 )
-from servelab.serve.threads import CoreShare
+from servelab.serve.threads import CoreShare, TorchShare
 
 log = logging.getLogger("servelab")
 if not log.handlers:
@@ -62,19 +67,20 @@ def cpu_threads() -> int:
     return procs.cpu_cores()
 
 
-def core_share(device: str = "cpu") -> CoreShare:
+def core_share(device: str = "cpu", kind: type[CoreShare] = CoreShare) -> CoreShare:
     """The services' thread rule (``servelab.serve.threads``): at most ``workers``
     inferences at once (one per core on CPU; one on CUDA, where the GPU runs
     one pass at a time anyway; ``SERVELAB_INFERENCE_WORKERS`` overrides), and
     each gets ``cores`` intra-op threads when it is alone, an equal share
     (one each, at full load) when others are in flight. Fixed one-thread
     inferences were 1.3-1.6x slower than the library defaults for a lone
-    client; fixed all-core ones thrash under concurrency."""
+    client; fixed all-core ones thrash under concurrency. ``kind``: the
+    ``CoreShare`` class to make (``TorchShare`` for PyTorch)."""
     cores = cpu_threads()
     workers = procs.positive_int_env("SERVELAB_INFERENCE_WORKERS")
     if workers is None:
         workers = 1 if device == "cuda" else cores
-    share = CoreShare(cores, workers=min(workers, cores))
+    share = kind(cores, workers=min(workers, cores))
     log.info("inference: up to %d at once on %d core(s), device %s; a lone request gets %d thread(s), "
              "concurrent ones %d each", share.workers, cores, device, cores, max(1, cores // share.workers))
     return share
@@ -182,6 +188,129 @@ def onnx_sessions(session_with, providers: list) -> tuple[CoreShare, dict]:
     cores = core_share(device)
     sessions = {n: first if n == cores.cores else session_with(n, got) for n in cores.shares}
     return cores, sessions
+
+
+def onnx_session(path: str | os.PathLike, threads: int, providers: list):
+    """One ONNX Runtime session of the model at ``path`` with ``threads`` intra-op threads."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads                    # threads inside one inference
+    options.inter_op_num_threads = 1                          # no parallel branches to run
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL  # run nodes one after another
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL  # fuse conv+bn+relu etc.
+    return ort.InferenceSession(str(require_model_file(path)), options, providers=providers)
+
+
+# --------------------------------------------------------------------------
+# Each service's mechanism, behind one call
+# --------------------------------------------------------------------------
+
+@dataclass
+class PyTorchService:
+    """What fastapi_pt/app.py runs its model with (made by ``pytorch_service()``)."""
+    device: str
+    cores: TorchShare
+    decode_slots: threading.BoundedSemaphore
+
+    def warm_up(self, run) -> None:
+        """Call ``run()`` (one forward pass) once, under ``torch.inference_mode()``,
+        in a short-lived thread, as requests run (FastAPI's threadpool): the first
+        call allocates memory and picks kernels. One pass in the main thread made
+        every later request ~35 % slower here (21 vs 34 req/s sequential; the main
+        thread keeps an OpenMP thread team of its own)."""
+        import torch
+
+        def once():
+            with torch.inference_mode():
+                run()
+
+        warm = threading.Thread(target=once)
+        warm.start()
+        warm.join()
+
+    def decoding(self) -> threading.BoundedSemaphore:
+        """Hold this while decoding one image: a photo at the pixel limit is ~120 MB
+        once decoded, so at most one decode per core runs at once, whatever the load."""
+        return self.decode_slots
+
+    @contextlib.contextmanager
+    def inference(self):
+        """Wait for a free inference slot, then run on this request's share of the
+        cores (every core alone, an equal share beside others), without autograd."""
+        import torch
+
+        with self.cores.torch_threads() as n, torch.inference_mode():
+            yield n
+
+    def health_fields(self) -> dict:
+        return {"device": self.device, "device_name": torch_device_name(self.device),
+                "workers": self.cores.workers, "cores": self.cores.cores}
+
+
+def pytorch_service() -> PyTorchService:
+    """The PyTorch service's device (``torch_device``), its thread rule
+    (``core_share``: a lone request gets every core; concurrent ones an equal
+    share, one core each at full load; at most one pass per core at once, the
+    rest queue; one thread each on a machine busy with other programs), one
+    inter-op thread (MobileNetV2 is one chain of ops) and the decoding limit.
+    Call it before loading the model."""
+    import torch
+
+    device = torch_device()
+    cores = core_share(device, kind=TorchShare)
+    torch.set_num_interop_threads(1)
+    return PyTorchService(device, cores, threading.BoundedSemaphore(cpu_threads()))
+
+
+@dataclass
+class OnnxService:
+    """What fastapi_onnx/app.py runs its model with (made by ``onnx_service(path)``)."""
+    device: str
+    cores: CoreShare
+    sessions: dict
+    decode_slots: threading.BoundedSemaphore
+
+    @property
+    def session(self):
+        """The session a lone request runs on (every core)."""
+        return self.sessions[self.cores.cores]
+
+    def warm_up(self, feeds: dict) -> None:
+        """One run per session: the first run allocates memory."""
+        for session in self.sessions.values():
+            session.run(None, feeds)
+
+    def decoding(self) -> threading.BoundedSemaphore:
+        """Hold this while decoding one image (see ``PyTorchService.decoding``)."""
+        return self.decode_slots
+
+    @contextlib.contextmanager
+    def inference(self):
+        """Wait for a free inference slot, then yield the session sized for this
+        request's share of the cores."""
+        with self.cores.threads() as n:
+            yield self.sessions[n]
+
+    def health_fields(self) -> dict:
+        session = self.session
+        return {"device": self.device, "device_name": onnx_device_name(session),
+                "providers": session.get_providers(), "workers": self.cores.workers, "cores": self.cores.cores}
+
+
+def onnx_service(path: str | os.PathLike) -> OnnxService:
+    """The ONNX service's sessions and thread rule. The rule is the PyTorch
+    service's (``core_share``): a lone request gets every core, concurrent ones
+    an equal share. A session's thread count is fixed when it is created, so
+    there is one session per thread count (``onnx_sessions``; the model is 9 MB)
+    and each request runs on the one that matches its share; the rule follows
+    the device the first session really got (ONNX Runtime falls back to the CPU
+    when the CUDA provider fails to load). ONNX Runtime keeps its default wait
+    (spin briefly, then sleep). Plus the decoding limit."""
+    providers = onnx_providers()
+    decode_slots = threading.BoundedSemaphore(cpu_threads())
+    cores, sessions = onnx_sessions(lambda n, got: onnx_session(path, n, got), providers)
+    return OnnxService(onnx_device(sessions[cores.cores]), cores, sessions, decode_slots)
 
 
 # --------------------------------------------------------------------------

@@ -163,6 +163,6 @@ def test_onnx_service_sizes_threads_for_the_device_its_session_got(built_models,
     app = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(app)
     assert app.device == "cpu"
-    assert (app.cores.workers, app.cores.cores) == (2, 2)
-    assert sorted(app.sessions) == [1, 2]
-    assert all(s.get_providers() == ["CPUExecutionProvider"] for s in app.sessions.values())
+    assert (app.service.cores.workers, app.service.cores.cores) == (2, 2)
+    assert sorted(app.service.sessions) == [1, 2]
+    assert all(s.get_providers() == ["CPUExecutionProvider"] for s in app.service.sessions.values())

@@ -15,7 +15,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from servelab.core import food11  # images, labels, softmax
-from servelab.serve import threads  # CPU threads
+from servelab.serve import threads  # CPU cores shared between instances
 
 
 class TritonPythonModel:
@@ -26,23 +26,17 @@ class TritonPythonModel:
         else:
             self.device = torch.device("cpu")
 
-        # On CPU, instances share the cores. An instance running alone gets
-        # every core; when other instances of this model are busy too, each
-        # gets an equal share (one core each at full load on 2 cores), so N
-        # instances never run N x cores threads (one each, too, on a machine
-        # busy with other work). OpenMP keeps its default wait
-        # (spin a few ms, then sleep): PASSIVE made a pass 2x slower, ACTIVE
-        # spins the idle stub at 100 %. Mechanism: servelab/serve/threads.py.
-        self.cores = threads.CoreShare(group=args["model_name"])
-
         # food11.pth sits next to this file: a whole pickled MobileNetV2.
         weights = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
         self.model = torch.load(weights, map_location=self.device, weights_only=False)
         self.model.eval()
-        with torch.inference_mode():  # warm-up: the first passes allocate memory and pick kernels
-            for n in sorted({1, self.cores.cores}) * 3:
-                torch.set_num_threads(n)
-                self.model(torch.zeros(1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE, device=self.device))
+
+        # Instances of this model share the CPU cores: alone, one gets every core; when
+        # others are busy, each an equal share (servelab/serve/threads.py, TorchShare).
+        self.cores = threads.TorchShare(group=args["model_name"])
+        # Warm-up: the first passes allocate memory and pick kernels (on each thread count).
+        shape = (1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE)
+        self.cores.warm_up(lambda: self.model(torch.zeros(shape, device=self.device)))
         pb_utils.Logger.log_info(
             f"{args['model_instance_name']}: on {self.device}, up to {self.cores.cores} CPU thread(s)"
         )
@@ -50,10 +44,8 @@ class TritonPythonModel:
     def execute(self, requests):
         # This instance is busy from here to the return (decoding uses a core
         # too), so other instances see it and take a share, and so do we.
-        with self.cores.threads() as n:
-            if torch.get_num_threads() != n:  # only on a change: each call, even with the
-                torch.set_num_threads(n)      # same count, made passes ~7 % slower here
-            return self.run(requests)         # n: all cores alone, a share beside others
+        with self.cores.torch_threads():  # all cores alone, a share beside others
+            return self.run(requests)
 
     def run(self, requests):
         responses = [None] * len(requests)
