@@ -32,11 +32,34 @@ SUCCESS_COUNTER = "nv_inference_request_success"
 TOLERANCE = 0.1
 
 
-def promql(window: str = WINDOW, by: str = "") -> str:
-    """The metric as a PromQL expression, summed over every replica (or ``by`` a label)."""
+def promql(window: str = WINDOW, by: str = "", match: str = "") -> str:
+    """The metric as a PromQL expression, summed over every replica (or ``by`` a label).
+
+    ``match``: label matchers that pick the series, e.g. ``'job="triton_replicas"'``.
+    """
     group = f" by ({by})" if by else ""
-    return (f"sum{group}(delta({QUEUE_COUNTER}[{window}])) / "
-            f"sum{group}(delta({SUCCESS_COUNTER}[{window}]))")
+    sel = f"{{{match}}}" if match else ""
+    return (f"sum{group}(delta({QUEUE_COUNTER}{sel}[{window}])) / "
+            f"sum{group}(delta({SUCCESS_COUNTER}{sel}[{window}]))")
+
+
+def query(prometheus_url: str, expr: str, at: float | None = None, timeout: float = 10.0) -> list[dict]:
+    """Prometheus's HTTP API (``/api/v1/query``): the instant vector ``expr`` at time ``at``
+    (Unix seconds; default now), as ``[{"metric": {labels}, "value": float}, ...]``."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    params = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
+    url = prometheus_url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode(params)
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        doc = json.loads(r.read())
+    if doc.get("status") != "success":
+        raise RuntimeError(f"Prometheus answered {doc.get('errorType')}: {doc.get('error')} for {expr}")
+    data = doc["data"]
+    if data["resultType"] == "scalar":
+        return [{"metric": {}, "value": float(data["result"][1])}]
+    return [{"metric": e["metric"], "value": float(e["value"][1])} for e in data["result"]]
 
 
 def desired_replicas(current: int, metric: float, target: float, *, tolerance: float = TOLERANCE,
