@@ -194,6 +194,7 @@ class ScaleStack:
     ports: dict[str, int]                # roundrobin, leastconn, stats, prometheus
     servers: dict[str, procs.Server] = field(default_factory=dict)
     state_file: Path | None = None
+    scrape_s: float = 5.0                # Prometheus's scrape interval
 
     @property
     def urls(self) -> dict[str, str]:
@@ -215,7 +216,7 @@ class ScaleStack:
         u = self.urls
         env = {"SCALE_RR_URL": u["roundrobin"], "SCALE_LC_URL": u["leastconn"],
                "SCALE_REPLICA_URLS": ",".join(self.replica_urls), "SCALE_STATS_URL": u["stats"],
-               "PROMETHEUS_URL": u["prometheus"], "SCALE_MODEL": MODEL}
+               "PROMETHEUS_URL": u["prometheus"], "SCALE_MODEL": MODEL, "SCALE_SCRAPE_S": str(self.scrape_s)}
         if self.single:
             env["SCALE_SINGLE_URL"] = u["single"]
         return env
@@ -248,6 +249,15 @@ def core_shares(replicas: int, cores: Sequence[int] | None = None) -> list[list[
         raise ValueError("replicas must be >= 1")
     k = max(1, len(cores) // replicas)
     return [[cores[(i * k + j) % len(cores)] for j in range(k)] for i in range(replicas)]
+
+
+def _seconds(interval: str) -> float:
+    """A Prometheus duration of seconds or milliseconds ("5s", "500ms") in seconds."""
+    if interval.endswith("ms"):
+        return float(interval[:-2]) / 1000
+    if interval.endswith("s"):
+        return float(interval[:-1])
+    raise ValueError(f"scrape interval {interval!r}: say it in s or ms (e.g. 5s)")
 
 
 def _triton_cmd(host: str, r: Mapping, workdir: Path, model: str) -> list[str]:
@@ -285,7 +295,8 @@ def start(replicas: int = 2, *, single: bool = True, host: str = "127.0.0.1", wo
     one = {"name": "single", "http": next(pp), "grpc": next(pp), "metrics": next(pp), "cpus": [],
            "instances": replicas} if single else None
     ports = {"roundrobin": next(pp), "leastconn": next(pp), "stats": next(pp), "prometheus": next(pp)}
-    st = ScaleStack(host=host, workdir=workdir, replicas=reps, single=one, ports=ports, state_file=state_file)
+    st = ScaleStack(host=host, workdir=workdir, replicas=reps, single=one, ports=ports, state_file=state_file,
+                    scrape_s=_seconds(scrape_interval))
     hap = workdir / "haproxy.cfg"
     hap.write_text(haproxy_config([(r["name"], f"{host}:{r['http']}") for r in reps],
                                   {p: f"{host}:{ports[p]}" for p in POLICIES}, stats=f"{host}:{ports['stats']}"))
