@@ -219,6 +219,7 @@ class ScaleStack:
                "PROMETHEUS_URL": u["prometheus"], "SCALE_MODEL": MODEL, "SCALE_SCRAPE_S": str(self.scrape_s)}
         if self.single:
             env["SCALE_SINGLE_URL"] = u["single"]
+            env["SCALE_SINGLE_GRPC_URL"] = f"{self.host}:{self.single['grpc']}"
         return env
 
     def replica_server(self, i: int) -> procs.Server:
