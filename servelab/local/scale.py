@@ -10,8 +10,9 @@
   cores and copies as the replicas, but one shared queue (Triton hands a request to the first free
   instance);
 * ``haproxy``: Debian's haproxy 2.6, one HTTP frontend per policy (``roundrobin``,
-  ``leastconn``) over the same replicas, health-checking each on ``/v2/health/ready``, and a
-  stats page (CSV) that says which replica it counts as up;
+  ``leastconn``) over the same replicas, health-checking each on ``/v2/health/ready``, the same
+  pair for gRPC (HTTP/2 to the replicas' gRPC ports, checked on their HTTP port), and a stats page
+  (CSV) that says which replica it counts as up;
 * ``prometheus``: Debian's prometheus 2.42, scraping every Triton's metrics port (jobs
   ``triton_replicas`` and ``triton_single``), its data under the work folder (``build/scale/``).
 
@@ -76,10 +77,13 @@ class ScaleError(RuntimeError):
 # --------------------------------------------------------------------------
 
 def haproxy_config(replicas: Sequence[tuple[str, str]], frontends: Mapping[str, str], stats: str | None = None,
-                   *, inter_ms: int = CHECK_INTER_MS, fall: int = FALL, rise: int = RISE,
+                   *, grpc: Mapping[str, str] | None = None, grpc_ports: Sequence[int] = (),
+                   inter_ms: int = CHECK_INTER_MS, fall: int = FALL, rise: int = RISE,
                    retries: int = RETRIES) -> str:
     """haproxy.cfg: ``replicas`` = [(name, "host:port")] of Triton HTTP ports; ``frontends`` =
-    {policy: "bind address:port"}; ``stats``: "address:port" of the stats page (``/stats``)."""
+    {policy: "bind address:port"}; ``stats``: "address:port" of the stats page (``/stats``).
+    ``grpc`` = {policy: "bind address:port"} adds gRPC frontends (HTTP/2 end to end) over the
+    replicas' ``grpc_ports`` (one per replica), health-checked on their HTTP port as above."""
     for policy in frontends:
         if policy not in POLICIES:
             raise ValueError(f"policy {policy!r}: one of {', '.join(POLICIES)}")
@@ -113,6 +117,24 @@ def haproxy_config(replicas: Sequence[tuple[str, str]], frontends: Mapping[str, 
             f"    default-server check inter {inter_ms}ms fall {fall} rise {rise}",
         ]
         lines += [f"    server {name} {addr}" for name, addr in replicas]
+        lines.append("")
+    for policy, bind in (grpc or {}).items():
+        if policy not in POLICIES or len(grpc_ports) != len(replicas):
+            raise ValueError(f"gRPC frontend {policy!r}: a policy of {', '.join(POLICIES)} and one gRPC port per replica")
+        lines += [
+            f"frontend triton_grpc_{policy}",
+            f"    bind {bind} proto h2",
+            f"    default_backend replicas_grpc_{policy}",
+            "",
+            f"backend replicas_grpc_{policy}",
+            f"    balance {policy}",
+            "    option httpchk GET /v2/health/ready",
+            "    http-check expect status 200",
+            f"    default-server check inter {inter_ms}ms fall {fall} rise {rise}",
+        ]
+        lines += [f"    server {name} {addr.rsplit(':', 1)[0]}:{port} proto h2 check port {addr.rsplit(':', 1)[1]} "
+                  "check-proto h1"
+                  for (name, addr), port in zip(replicas, grpc_ports)]
         lines.append("")
     if stats:
         lines += ["frontend stats", f"    bind {stats}", "    stats enable", "    stats uri /stats",
@@ -155,13 +177,15 @@ def check_prometheus(path: Path) -> subprocess.CompletedProcess:
 
 NODE_REPLICAS = 2   # one Triton per P100
 NODE_FRONTENDS = {"roundrobin": "*:8080", "leastconn": "*:8081"}
+NODE_GRPC_FRONTENDS = {"roundrobin": "*:8090", "leastconn": "*:8091"}
 
 
 def node_configs() -> dict[str, str]:
     """{file name under docker/scale/: text} for the Compose stack ``docker-compose-scale.yaml``."""
     replicas = [(f"triton_{i}", f"triton_{i}:8000") for i in range(NODE_REPLICAS)]
     return {
-        "haproxy.cfg": haproxy_config(replicas, NODE_FRONTENDS, stats="*:8404"),
+        "haproxy.cfg": haproxy_config(replicas, NODE_FRONTENDS, stats="*:8404", grpc=NODE_GRPC_FRONTENDS,
+                                      grpc_ports=[8001] * NODE_REPLICAS),
         "prometheus.yml": prometheus_config({
             REPLICA_JOB: [(f"triton_{i}", f"triton_{i}:8002") for i in range(NODE_REPLICAS)],
             SINGLE_JOB: [("triton_server", "triton_server:8002")],
@@ -200,6 +224,7 @@ class ScaleStack:
     def urls(self) -> dict[str, str]:
         h = self.host
         out = {p: f"{h}:{self.ports[p]}" for p in POLICIES}   # TRITON_SERVER_URL form (host:port)
+        out.update({f"grpc_{p}": f"{h}:{self.ports['grpc_' + p]}" for p in POLICIES})
         out["stats"] = f"http://{h}:{self.ports['stats']}/stats"
         out["prometheus"] = f"http://{h}:{self.ports['prometheus']}"
         if self.single:
@@ -226,7 +251,7 @@ class ScaleStack:
         return self.servers[self.replicas[i]["name"]]
 
     def backend_status(self, policy: str = "leastconn") -> dict[str, str]:
-        """HAProxy's view: {replica: "UP" | "DOWN" | ...} in the ``policy`` backend."""
+        """HAProxy's view: {replica: "UP" | "DOWN" | ...} in the ``policy`` backend (``grpc_<policy>``: gRPC's)."""
         return backend_status(self.urls["stats"], policy)
 
 
@@ -290,17 +315,20 @@ def start(replicas: int = 2, *, single: bool = True, host: str = "127.0.0.1", wo
     workdir = Path(workdir or WORKDIR).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     shares = core_shares(replicas)
-    pp = iter(_ports(host, 3 * (replicas + 1) + 4))
+    pp = iter(_ports(host, 3 * (replicas + 1) + 6))
     reps = [{"name": f"replica{i}", "http": next(pp), "grpc": next(pp), "metrics": next(pp), "cpus": shares[i],
              "instances": 1} for i in range(replicas)]
     one = {"name": "single", "http": next(pp), "grpc": next(pp), "metrics": next(pp), "cpus": [],
            "instances": replicas} if single else None
-    ports = {"roundrobin": next(pp), "leastconn": next(pp), "stats": next(pp), "prometheus": next(pp)}
+    ports = {"roundrobin": next(pp), "leastconn": next(pp), "stats": next(pp), "prometheus": next(pp),
+             "grpc_roundrobin": next(pp), "grpc_leastconn": next(pp)}
     st = ScaleStack(host=host, workdir=workdir, replicas=reps, single=one, ports=ports, state_file=state_file,
                     scrape_s=_seconds(scrape_interval))
     hap = workdir / "haproxy.cfg"
     hap.write_text(haproxy_config([(r["name"], f"{host}:{r['http']}") for r in reps],
-                                  {p: f"{host}:{ports[p]}" for p in POLICIES}, stats=f"{host}:{ports['stats']}"))
+                                  {p: f"{host}:{ports[p]}" for p in POLICIES}, stats=f"{host}:{ports['stats']}",
+                                  grpc={p: f"{host}:{ports['grpc_' + p]}" for p in POLICIES},
+                                  grpc_ports=[r["grpc"] for r in reps]))
     prom = workdir / "prometheus.yml"
     jobs = {REPLICA_JOB: [(r["name"], f"{host}:{r['metrics']}") for r in reps]}
     if one:
@@ -335,12 +363,12 @@ def start(replicas: int = 2, *, single: bool = True, host: str = "127.0.0.1", wo
 
 
 def wait_backends(st: ScaleStack, status: str, names: Sequence[str] | None = None, timeout: float = 30.0) -> float:
-    """Wait until HAProxy counts ``names`` (default all replicas) as ``status`` in both backends."""
+    """Wait until HAProxy counts ``names`` (default all replicas) as ``status`` in every backend."""
     names = list(names or [r["name"] for r in st.replicas])
     deadline = time.monotonic() + timeout
     while True:
         try:
-            seen = [backend_status(st.urls["stats"], p) for p in POLICIES]
+            seen = [backend_status(st.urls["stats"], p) for p in POLICIES + tuple(f"grpc_{p}" for p in POLICIES)]
             if all(s.get(n, "").startswith(status) for s in seen for n in names):
                 return time.monotonic()
         except OSError:

@@ -112,7 +112,8 @@ EXPECTED_PORTS = {
 # and Prometheus only on the node's loopback
 EXPECTED_PORTS["triton+scale"] = {
     **EXPECTED_PORTS["triton"],
-    "haproxy": {("127.0.0.1", 8080, 8080), ("127.0.0.1", 8081, 8081), ("127.0.0.1", 8404, 8404)},
+    "haproxy": {("127.0.0.1", 8080, 8080), ("127.0.0.1", 8081, 8081), ("127.0.0.1", 8090, 8090),
+                ("127.0.0.1", 8091, 8091), ("127.0.0.1", 8404, 8404)},
     "prometheus": {("127.0.0.1", 9090, 9090)},
     "triton_0": set(), "triton_1": set(),
 }
