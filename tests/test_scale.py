@@ -152,6 +152,14 @@ def test_prometheus_metric_equals_tritons_own_statistics(lab):
     per_replica = scaling.query(lab.urls["prometheus"], scaling.promql(window, by="replica",
                                 match=f'job="{scale.REPLICA_JOB}"'), at=end)
     assert {e["metric"]["replica"] for e in per_replica} == {"replica0", "replica1"}
+    # the same expression over time (what notebook 6c plots): zero-request windows are NaN, the
+    # burst's windows positive; a query Prometheus cannot parse is a clear error
+    series = scaling.query_range(lab.urls["prometheus"], scaling.promql("2s", match=f'job="{scale.REPLICA_JOB}"'),
+                                 start, end, 1)
+    values = [v for _, v in series[0]["values"] if v == v]
+    assert values and max(values) > 0
+    with pytest.raises(RuntimeError, match="parse"):
+        scaling.query(lab.urls["prometheus"], "sum(delta(")
 
 
 @NEEDS_BINARIES

@@ -38,4 +38,4 @@ def test_6c_runs_against_the_local_scale_out_lab(tmp_path, jupyter_sdk_image_env
     assert [r[0] for r in ramp_rows] == ["0.3", "0.6", "1.3"], text
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]
-    assert len(images) == 2
+    assert len(images) == 3
