@@ -39,6 +39,7 @@ class SetupRun:
                 "errors": self.result.error_count, "dropped": self.result.dropped,
                 "throughput/s": round(self.result.throughput, 1), "p50 ms": round(lat.get("p50_ms", float("nan")), 1),
                 "p99 ms": round(lat.get("p99_ms", float("nan")), 1), "per replica": self.per_replica,
+                "compute ms": round(self.compute_ms, 1) if self.compute_ms is not None else "",
                 "valid": self.result.valid}
 
 
