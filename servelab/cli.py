@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "servelab.serve.samples",
     "servelab.triton",
     "servelab.local.stack",
+    "servelab.local.scale",
     "servelab.measure.tour",
     "servelab.bench.cli",
     "servelab.node.doctor",

@@ -31,3 +31,10 @@ def test_promql_divides_queue_time_by_requests_over_the_window():
     assert q == ("sum by (instance)(delta(nv_inference_queue_duration_us[1m])) / "
                  "sum by (instance)(delta(nv_inference_request_success[1m]))")
     assert scaling.promql().count(f"[{scaling.WINDOW}]") == 2
+
+
+def test_promql_match_selects_the_same_series_on_both_counters():
+    q = scaling.promql("10s", match='job="triton_replicas"')
+    assert q.count('{job="triton_replicas"}[10s]') == 2
+    assert scaling.QUEUE_COUNTER + '{job="triton_replicas"}' in q and scaling.SUCCESS_COUNTER + "{" in q
+    assert "{" not in scaling.promql("10s")

@@ -27,6 +27,21 @@ number of closed-loop clients, ``k`` the number of model instances.
     with ``rho_b = min(1, lam * S(b*) / b*)`` the fraction of time busy. Never
     more than one batch of waiting: the queue cannot build up as in (b) until
     ``lam * c`` reaches 1.
+
+(d) Scale-out: ``c`` servers of rate ``mu = 1/S`` each, Poisson arrivals at ``lam``,
+    exponential service (the textbook's assumption: an inference's time varies far less, so
+    these models overstate every wait; they rank the setups, they do not time them).
+    One queue for all ``c`` (instances inside one Triton): M/M/c; a request waits with the
+    Erlang C probability ``Pw`` and then ``Exp(c*mu - lam)``. One queue per server, arrivals
+    split blindly at random: ``c`` x M/M/1 at ``lam/c``, response ``Exp(mu - lam/c)``. Split in
+    turn (round-robin): each server sees every ``c``-th Poisson arrival, Erlang-``c`` gaps, a
+    GI/M/1 queue whose response is ``Exp(mu * (1 - sigma))`` with ``sigma`` the root in (0, 1) of
+    ``sigma = (lam / (lam + mu * (1 - sigma)))**c``. Any policy that commits a request to one
+    server when it arrives can leave a server idle while another has a queue; one shared queue
+    never does, so M/M/c is the floor; joining the shortest queue is the best of those policies
+    for identical exponential servers (W. Winston, "Optimality of the shortest line discipline",
+    Journal of Applied Probability 14(1), 1977), so a least-connections balancer should land
+    between M/M/c and the round-robin split. No closed form for it is used here.
 """
 
 from __future__ import annotations
@@ -390,3 +405,91 @@ def refine_rates(curves, bound: float, widest: float) -> list[float]:
         if gap is not None and gap[1][0] > widest * gap[0][0]:
             out.add(round(math.sqrt(gap[0][0] * gap[1][0]), 1))
     return sorted(out)
+
+
+# --------------------------------------------------------------------------
+# (d) Scale-out: one shared queue vs one queue per replica
+# --------------------------------------------------------------------------
+
+def erlang_c(servers: int, rate: float, service_s: float) -> float:
+    """Probability that an arrival waits in M/M/c (``servers`` = c); 1.0 at or past saturation."""
+    a = rate * service_s                       # offered load in servers
+    if a >= servers:
+        return 1.0
+    term, total = 1.0, 1.0
+    for k in range(1, servers):
+        term *= a / k
+        total += term
+    last = term * a / servers / (1.0 - a / servers)
+    return last / (total + last)
+
+
+def _quantile(survival, p: float, hi: float) -> float:
+    """The time t with P(T > t) = 1 - p, by bisection (survival decreasing)."""
+    lo = 0.0
+    while survival(hi) > 1.0 - p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if survival(mid) > 1.0 - p else (lo, mid)
+    return (lo + hi) / 2.0
+
+
+def mmc_response(servers: int, rate: float, service_s: float, p: float | None = None) -> float:
+    """M/M/c response time (s): the mean, or the ``p``-quantile (``p=0.99``); inf past saturation."""
+    mu = 1.0 / service_s
+    if rate >= servers * mu:
+        return math.inf
+    pw, theta = erlang_c(servers, rate, service_s), servers * mu - rate
+    if p is None:
+        return pw / theta + service_s
+
+    def survival(t: float) -> float:   # wait W (0, or Exp(theta)) plus service Exp(mu)
+        if abs(theta - mu) < 1e-12 * mu:
+            both = math.exp(-mu * t) * (1.0 + mu * t)
+        else:
+            both = (theta * math.exp(-mu * t) - mu * math.exp(-theta * t)) / (theta - mu)
+        return (1.0 - pw) * math.exp(-mu * t) + pw * both
+
+    return _quantile(survival, p, service_s)
+
+
+def _exp_response(rate_out: float, p: float | None) -> float:
+    if rate_out <= 0:
+        return math.inf
+    return 1.0 / rate_out if p is None else -math.log(1.0 - p) / rate_out
+
+
+def random_split_response(servers: int, rate: float, service_s: float, p: float | None = None) -> float:
+    """``c`` x M/M/1, each at ``rate / c``: the mean or ``p``-quantile response (s)."""
+    return _exp_response(1.0 / service_s - rate / servers, p)
+
+
+def round_robin_sigma(servers: int, rate: float, service_s: float) -> float:
+    """GI/M/1's ``sigma`` for a server that gets every ``c``-th Poisson arrival (Erlang-c gaps)."""
+    mu = 1.0 / service_s
+    if rate >= servers * mu:
+        return 1.0
+    sigma = 0.0
+    for _ in range(10000):
+        new = (rate / (rate + mu * (1.0 - sigma))) ** servers
+        if abs(new - sigma) < 1e-13:
+            break
+        sigma = new
+    return sigma
+
+
+def round_robin_response(servers: int, rate: float, service_s: float, p: float | None = None) -> float:
+    """Round-robin split of Poisson arrivals over ``c`` exponential servers: mean or ``p``-quantile (s)."""
+    return _exp_response((1.0 - round_robin_sigma(servers, rate, service_s)) / service_s, p)
+
+
+def scale_out_predictions(servers: int, rate: float, service_s: float) -> dict[str, dict[str, float]]:
+    """{model: {"mean_s", "p50_s", "p99_s"}} for one shared queue (M/M/c), a round-robin split
+    and a random split, at the same ``rate`` and total capacity ``servers / service_s``."""
+    out = {}
+    for name, fn in (("M/M/c (one queue)", mmc_response), ("round-robin split (E_c/M/1 each)", round_robin_response),
+                     ("random split (c x M/M/1)", random_split_response)):
+        out[name] = {"mean_s": fn(servers, rate, service_s), "p50_s": fn(servers, rate, service_s, 0.5),
+                     "p99_s": fn(servers, rate, service_s, 0.99)}
+    return out

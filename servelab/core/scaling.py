@@ -32,13 +32,58 @@ SUCCESS_COUNTER = "nv_inference_request_success"
 TOLERANCE = 0.1
 
 
-def promql(window: str = WINDOW, by: str = "", matchers: str = "") -> str:
-    """The metric as a PromQL expression, summed over every replica (or ``by`` a label);
-    ``matchers`` selects series (prometheus-adapter passes ``<<.LabelMatchers>>``)."""
+def promql(window: str = WINDOW, by: str = "", match: str = "") -> str:
+    """The metric as a PromQL expression, summed over every replica (or ``by`` a label).
+
+    ``match``: label matchers that pick the series, e.g. ``'job="triton_replicas"'``
+    (prometheus-adapter passes ``<<.LabelMatchers>>``).
+    """
     group = f" by ({by})" if by else ""
-    sel = f"{{{matchers}}}" if matchers else ""
+    sel = f"{{{match}}}" if match else ""
     return (f"sum{group}(delta({QUEUE_COUNTER}{sel}[{window}])) / "
             f"sum{group}(delta({SUCCESS_COUNTER}{sel}[{window}]))")
+
+
+def query(prometheus_url: str, expr: str, at: float | None = None, timeout: float = 10.0) -> list[dict]:
+    """Prometheus's HTTP API (``/api/v1/query``): the instant vector ``expr`` at time ``at``
+    (Unix seconds; default now), as ``[{"metric": {labels}, "value": float}, ...]``."""
+    params = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
+    return _api(prometheus_url, "query", params, timeout)
+
+
+def query_range(prometheus_url: str, expr: str, start: float, end: float, step: float,
+                timeout: float = 10.0) -> list[dict]:
+    """Prometheus's ``/api/v1/query_range``: ``expr`` every ``step`` seconds from ``start`` to ``end``
+    (Unix seconds), as ``[{"metric": {labels}, "values": [(time, float), ...]}, ...]``."""
+    params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    return _api(prometheus_url, "query_range", params, timeout)
+
+
+def _api(prometheus_url: str, endpoint: str, params: dict, timeout: float) -> list[dict]:
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    expr = params["query"]
+    url = prometheus_url.rstrip("/") + f"/api/v1/{endpoint}?" + urllib.parse.urlencode(params)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            doc = json.loads(r.read())
+    except urllib.error.HTTPError as err:   # a bad query: Prometheus says why in a JSON body
+        try:
+            doc = json.loads(err.read())
+        except ValueError:
+            raise RuntimeError(f"Prometheus answered HTTP {err.code} for {expr}") from None
+    if doc.get("status") != "success":
+        raise RuntimeError(f"Prometheus answered {doc.get('errorType')}: {doc.get('error')} for {expr}")
+    data = doc["data"]
+    if data["resultType"] == "matrix":   # query_range
+        return [{"metric": e["metric"], "values": [(float(t), float(v)) for t, v in e["values"]]}
+                for e in data["result"]]
+    if data["resultType"] == "scalar":
+        return [{"metric": {}, "value": float(data["result"][1])}]
+    return [{"metric": e["metric"], "value": float(e["value"][1])} for e in data["result"]]
 
 
 def desired_replicas(current: int, metric: float, target: float, *, tolerance: float = TOLERANCE,

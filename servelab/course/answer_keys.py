@@ -247,6 +247,9 @@ KEYS: list[Key] = [
     Key("6_triton", "dynamic batching, steady and bursty arrivals",
         ("onnx_c1_compute_ms", "onnx_db_rate"),
         settings=(2, 0.5, 1.0, 1, 16)),
+    # 6c quotes no figure of another system: its keys explain, the run measures.
+    Key("6c_scale_out", "one queue vs a queue per replica", ()),
+    Key("6c_scale_out", "the rule past saturation", ()),
 ]
 
 # Paragraphs outside the answer keys that quote figures about another system

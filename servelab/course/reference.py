@@ -55,7 +55,7 @@ KEPT_MIME = ("image/png", "text/plain")
 
 # Environment per scale and notebook (the notebooks read these; unset = the lesson's own counts).
 SCALES = {
-    "lesson": {"tour": 1.0, "4_fastapi": {}, "6_triton": {}},
+    "lesson": {"tour": 1.0, "4_fastapi": {}, "6_triton": {}, "6c_scale_out": {}},
     "reduced": {  # the notebook tests run at these sizes (tests/notebooks/test_measurement_notebooks.py)
         "tour": 0.3,
         "4_fastapi": {"SERVELAB_NB_SEQUENTIAL": "20", "SERVELAB_NB_CONCURRENT": "48", "SERVELAB_NB_SWEEP": "32"},
@@ -70,6 +70,10 @@ SCALES = {
             "SERVELAB_NB_SWEEP_SECONDS": "2", "SERVELAB_NB_SWEEP_FACTORS": "0.5,1.0,2.0",
             "SERVELAB_NB_BATCH_REQUESTS": "4",
         },
+        # 6c (tests/notebooks/test_6c_scale_out.py): one load, a three-step ramp, short runs
+        "6c_scale_out": {"SERVELAB_NB_SCALE_SECONDS": "4", "SERVELAB_NB_SCALE_RHOS": "0.6",
+                         "SERVELAB_NB_RAMP_FACTORS": "0.3,0.6,1.3", "SERVELAB_NB_RAMP_SECONDS": "4",
+                         "SERVELAB_NB_SCALE_ATTEMPTS": "1"},
     },
 }
 

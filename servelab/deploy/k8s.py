@@ -297,7 +297,7 @@ def scaling_problems(objects: list[dict]) -> list[str]:
     adapter_cm = _find(objects, "ConfigMap", "prometheus-adapter-config")
     rules = yaml.safe_load(adapter_cm["data"]["config.yaml"])["rules"] if adapter_cm else []
     mine = [r for r in rules if r.get("name", {}).get("as") == scaling.METRIC]
-    want = scaling.promql(by="<<.GroupBy>>", matchers="<<.LabelMatchers>>")
+    want = scaling.promql(by="<<.GroupBy>>", match="<<.LabelMatchers>>")
     if len(mine) != 1 or mine[0].get("metricsQuery") != want:
         bad.append(f"prometheus-adapter: no rule yielding {scaling.METRIC} from {want}")
     hpa = _find(objects, "HorizontalPodAutoscaler", triton)

@@ -451,7 +451,10 @@ def _cmd_up(args) -> int:
 
 
 def _cmd_down(args) -> int:
+    from servelab.local import scale
+
     down()
+    scale.down()  # the scale-out lab too (`servelab scale up`), when one runs
     return 0
 
 

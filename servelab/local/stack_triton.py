@@ -8,6 +8,7 @@ the reload is done)."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -29,6 +30,11 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--grpc-port", type=int, required=True)
     ap.add_argument("--metrics-port", type=int, required=True)
     ap.add_argument("--workdir", type=Path, default=None)
+    # A replica of the scale-out lab (servelab.local.scale): its share of the cores, its models,
+    # and how many instances of them.
+    ap.add_argument("--cpus", default="", help="comma-separated cores this Triton may use (default: all)")
+    ap.add_argument("--models", default="", help="comma-separated models to load (default: all)")
+    ap.add_argument("--instances", type=int, default=None, help="instances of each loaded model")
     return ap.parse_args(argv)
 
 
@@ -36,11 +42,16 @@ def _start(a: argparse.Namespace, previous, restarts: int):
     """Start tritonserver (with ``previous``'s admin key after a crash)."""
     from servelab import triton
 
+    models = [m for m in a.models.split(",") if m] or None
     server = triton.start(host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
-                          metrics_port=a.metrics_port, workdir=a.workdir,
+                          metrics_port=a.metrics_port, workdir=a.workdir, models=models,
                           admin_key=previous.admin_key if previous is not None else None,
                           extra_args=[f"--metrics-interval-ms={METRICS_INTERVAL_MS}"],
                           quiet=bool(restarts))
+    if a.instances:
+        for name in server.models:
+            server.reload_model(name, triton.set_instances(a.instances))
+            server.wait_for_stubs(name, a.instances)
     print("Triton ready." + (f" (restart {restarts})" if restarts else ""), flush=True)
     return server
 
@@ -96,6 +107,9 @@ def main(argv: Sequence[str]) -> int:
     from servelab import triton
 
     a = _parse(argv)
+    if a.cpus:
+        # Inherited by tritonserver and its stubs: their core share (servelab.serve.threads) counts these.
+        os.sched_setaffinity(0, {int(c) for c in a.cpus.split(",")})
 
     def on_signal(signum, frame):
         raise KeyboardInterrupt

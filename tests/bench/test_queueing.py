@@ -219,3 +219,23 @@ def test_decode_seconds_times_the_services_preprocessing():
 
     image = base64.b64encode(paths.sample_images()[0].read_bytes()).decode("ascii")
     assert 0 < lab.decode_seconds(image, repeats=3) < 5
+
+
+# --- (d) scale-out: one shared queue vs a queue per replica -------------------------------
+
+def test_mmc_with_one_server_is_mm1_and_erlang_c_matches_the_textbook_value():
+    assert q.mmc_response(1, 50, 0.01) == pytest.approx(1 / (100 - 50))
+    assert q.mmc_response(1, 50, 0.01, 0.99) == pytest.approx(math.log(100) / 50, rel=1e-6)
+    # c = 2, a = 1.4 (rho = 0.7): C = (a^2/2/(1-rho)) / (1 + a + a^2/2/(1-rho)) = 0.5765
+    assert q.erlang_c(2, 100, 0.014) == pytest.approx(0.98 / 0.3 / (2.4 + 0.98 / 0.3))
+    assert q.erlang_c(2, 200, 0.01) == 1.0 and q.mmc_response(2, 200, 0.01) == math.inf
+
+
+def test_round_robin_with_one_server_is_mm1_and_the_setups_rank_as_theory_says():
+    assert q.round_robin_sigma(1, 50, 0.01) == pytest.approx(0.5)
+    pred = q.scale_out_predictions(2, 140, 0.01)
+    mmc, rr, rnd = (pred[k] for k in pred)
+    for key in ("mean_s", "p50_s", "p99_s"):
+        assert mmc[key] < rr[key] < rnd[key]
+    # the quantile really is one: P(T > p99) = 1 % for the exponential random split
+    assert rnd["p99_s"] == pytest.approx(math.log(100) / (100 - 70))

@@ -140,7 +140,7 @@ def test_the_adapter_query_is_the_lessons_promql_for_one_service(objects):
     rule = yaml.safe_load(_get(objects, "ConfigMap", "prometheus-adapter-config")["data"]["config.yaml"])["rules"][0]
     filled = (rule["metricsQuery"].replace("<<.GroupBy>>", "service")
               .replace("<<.LabelMatchers>>", 'namespace="servelab",service="triton-server"'))
-    assert filled == scaling.promql(by="service", matchers='namespace="servelab",service="triton-server"')
+    assert filled == scaling.promql(by="service", match='namespace="servelab",service="triton-server"')
     assert filled.replace('{namespace="servelab",service="triton-server"}', "") == scaling.promql(by="service")
 
 

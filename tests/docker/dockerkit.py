@@ -20,6 +20,8 @@ STACKS = {
     "fastapi+cpu": [DOCKER / "docker-compose-fastapi.yaml", DOCKER / "docker-compose-fastapi.cpu.yaml"],
     "triton": [DOCKER / "docker-compose-triton.yaml"],
     "triton+cpu": [DOCKER / "docker-compose-triton.yaml", DOCKER / "docker-compose-triton.cpu.yaml"],
+    # notebook 6c: the Triton stack plus a Triton per GPU, HAProxy and Prometheus
+    "triton+scale": [DOCKER / "docker-compose-triton.yaml", DOCKER / "docker-compose-scale.yaml"],
 }
 # The one-shot service that builds the model files on the node (notebooks 3 and 5).
 MODELS_FILE = DOCKER / "docker-compose-models.yaml"

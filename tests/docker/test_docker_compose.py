@@ -25,7 +25,7 @@ from .dockerkit import (
     services,
 )
 
-CONTAINERS = {"fastapi_server", "triton_server", "flask", "jupyter"}
+CONTAINERS = {"fastapi_server", "triton_server", "flask", "jupyter", "triton_0", "triton_1", "haproxy", "prometheus"}
 
 
 # --------------------------------------------------------------------------
@@ -108,11 +108,20 @@ EXPECTED_PORTS = {
     "triton": {"triton_server": {("127.0.0.1", 8000, 8000), ("127.0.0.1", 8001, 8001), ("127.0.0.1", 8002, 8002)},
                "flask": {("", 80, 5000)}, "jupyter": {("", 8888, 8888)}},
 }
+# notebook 6c's override: the replicas publish nothing (Jupyter reaches them by name); the balancer
+# and Prometheus only on the node's loopback
+EXPECTED_PORTS["triton+scale"] = {
+    **EXPECTED_PORTS["triton"],
+    "haproxy": {("127.0.0.1", 8080, 8080), ("127.0.0.1", 8081, 8081), ("127.0.0.1", 8090, 8090),
+                ("127.0.0.1", 8091, 8091), ("127.0.0.1", 8404, 8404)},
+    "prometheus": {("127.0.0.1", 9090, 9090)},
+    "triton_0": set(), "triton_1": set(),
+}
 
 
 @pytest.mark.parametrize("stack", list(STACKS))
 def test_container_names_and_ports(stack, rendered):
-    expected = EXPECTED_PORTS[stack.split("+")[0]]
+    expected = EXPECTED_PORTS.get(stack) or EXPECTED_PORTS[stack.split("+")[0]]
     svcs = services(rendered[stack])
     by_container = {s.get("container_name"): s for s in svcs.values() if s.get("container_name") in CONTAINERS}
     assert set(by_container) == set(expected)
@@ -128,7 +137,7 @@ def test_container_names_and_ports(stack, rendered):
 def test_triton_is_not_reachable_from_outside_the_node(stack, rendered):
     for svc in services(rendered[stack]).values():
         for host_ip, host_port, _ in published(svc):
-            if svc.get("container_name") == "triton_server":
+            if svc.get("container_name") in ("triton_server", "haproxy", "prometheus"):
                 assert host_ip == "127.0.0.1", (host_ip, host_port)
             else:
                 assert host_port in (80, 8000, 8888)
@@ -298,7 +307,8 @@ def test_every_server_has_a_healthcheck_on_its_own_port(stack, rendered):
         test = " ".join(svc["healthcheck"]["test"])
         port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", test).group(1))
         container_ports = {t for _, _, t in published(svc)}
-        assert port in container_ports, (name, test)
+        # a server that publishes nothing (6c's Triton replicas, reached by name) checks Triton's port
+        assert port in (container_ports or {8000}), (name, test)
         for dep, cond in (svc.get("depends_on") or {}).items():
             want = "service_completed_successfully" if dep == "triton_cpu_repository" else "service_healthy"
             assert cond["condition"] == want, (name, dep)
@@ -353,3 +363,17 @@ def test_no_secret_is_committed():
     for p in DOCKER.iterdir():
         if p.is_file() and p.name != ".env":
             assert not re.search(r"(TOKEN|KEY)=\w{12,}", p.read_text()), p.name
+
+
+def test_scale_override_gives_jupyter_every_variable_notebook_6c_reads(rendered):
+    """Notebook 6c reads SCALE_* and PROMETHEUS_URL; the override sets each, pointing at its services."""
+    source = (REPO / "notebooks" / "src" / "6c_scale_out.md").read_text()
+    wanted = set(re.findall(r'os\.environ\.get\("((?:SCALE_|PROMETHEUS_)\w+)"', source))
+    assert {"SCALE_SINGLE_URL", "SCALE_RR_URL", "SCALE_LC_URL", "SCALE_REPLICA_URLS", "PROMETHEUS_URL"} <= wanted
+    svcs = services(rendered["triton+scale"])
+    env = svcs["jupyter"]["environment"]
+    assert wanted <= set(env), wanted - set(env)
+    for name in ("SCALE_SINGLE_URL", "SCALE_RR_URL", "SCALE_LC_URL", "SCALE_REPLICA_URLS", "PROMETHEUS_URL"):
+        for url in env[name].split(","):
+            host = url.split("://")[-1].split(":")[0]
+            assert host in svcs, (name, url)

@@ -1,0 +1,274 @@
+"""The scale-out lab (servelab.local.scale): configs validated by the real haproxy and promtool,
+real Triton replicas behind the real HAProxy, the metric read from the real Prometheus and
+checked against Triton's own statistics, and a replica killed under load."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servelab.bench import targets
+from servelab.core import procs, scaling
+from servelab.local import scale
+from servelab.triton.state import state_path
+
+NEEDS_BINARIES = pytest.mark.skipif(
+    not (Path(scale.HAPROXY).exists() and Path(scale.PROMTOOL).exists() and Path(scale.PROMETHEUS).exists()),
+    reason="haproxy/prometheus missing: `make sysdeps` installs them")
+
+
+# --------------------------------------------------------------------------
+# Configs: generated, and judged by the real binaries (whose exit codes mean something)
+# --------------------------------------------------------------------------
+
+@NEEDS_BINARIES
+def test_generated_configs_validate_and_broken_ones_do_not(tmp_path):
+    hap = tmp_path / "haproxy.cfg"
+    hap.write_text(scale.haproxy_config([("r0", "127.0.0.1:9000"), ("r1", "127.0.0.1:9001")],
+                                        {"roundrobin": "127.0.0.1:9100", "leastconn": "127.0.0.1:9101"},
+                                        stats="127.0.0.1:9102"))
+    ok = scale.check_haproxy(hap)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    text = hap.read_text()
+    assert "balance roundrobin" in text and "balance leastconn" in text
+    assert "option httpchk GET /v2/health/ready" in text and "option redispatch" in text
+    hap.write_text(text.replace("balance leastconn", "balance leastconnn"))
+    assert scale.check_haproxy(hap).returncode != 0
+
+    prom = tmp_path / "prometheus.yml"
+    prom.write_text(scale.prometheus_config({"triton_replicas": [("r0", "127.0.0.1:9002")]}, "1s"))
+    ok = scale.check_prometheus(prom)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    prom.write_text(prom.read_text().replace("scrape_interval: 1s", "scrape_interval: soon"))
+    assert scale.check_prometheus(prom).returncode != 0
+
+
+def test_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="policy"):
+        scale.haproxy_config([("r0", "127.0.0.1:1")], {"random-ish": "127.0.0.1:2"})
+
+
+def test_core_shares_split_the_cores_equally():
+    assert scale.core_shares(2, [0, 1]) == [[0], [1]]
+    assert scale.core_shares(2, [0, 1, 2, 3]) == [[0, 1], [2, 3]]
+    assert scale.core_shares(3, [0, 1]) == [[0], [1], [0]]
+    with pytest.raises(ValueError):
+        scale.core_shares(0, [0])
+
+
+@NEEDS_BINARIES
+def test_committed_node_configs_are_the_generated_ones_and_validate(tmp_path):
+    for name, text in scale.node_configs().items():
+        committed = scale.NODE_CONFIG_DIR / name
+        assert committed.read_text() == text, f"docker/scale/{name} is stale: `python -m servelab scale configs`"
+    # Compose's service names do not resolve here: haproxy -c resolves server addresses, so check a
+    # copy with the names mapped to loopback (the structure is what is checked).
+    text = (scale.NODE_CONFIG_DIR / "haproxy.cfg").read_text()
+    for i in range(scale.NODE_REPLICAS):
+        text = text.replace(f" triton_{i}:", " 127.0.0.1:")
+    (tmp_path / "haproxy.cfg").write_text(text)
+    res = scale.check_haproxy(tmp_path / "haproxy.cfg")
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = scale.check_prometheus(scale.NODE_CONFIG_DIR / "prometheus.yml")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+# --------------------------------------------------------------------------
+# The live lab: 2 replicas, HAProxy, Prometheus (no single Triton: not needed here)
+# --------------------------------------------------------------------------
+
+def _body() -> tuple[bytes, dict[str, str]]:
+    from servelab.core import food11
+
+    t = food11.preprocess(targets.default_images()[0])
+    return targets.triton_infer_body([("input", "FP32", [1, *np.shape(t)], t[None])], ("output",))
+
+
+def _infer(conn: http.client.HTTPConnection, body: bytes, headers: dict) -> int:
+    conn.request("POST", f"/v2/models/{scale.MODEL}/infer", body=body, headers=headers)
+    resp = conn.getresponse()
+    resp.read()
+    return resp.status
+
+
+def _shm(prefixes: list[str]) -> list[str]:
+    return [p.name for p in Path("/dev/shm").iterdir() if any(p.name.startswith(x) for x in prefixes)]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    if not Path(scale.HAPROXY).exists():
+        pytest.skip("haproxy missing: `make sysdeps`")
+    workdir = tmp_path_factory.mktemp("scale")
+    state = workdir / "state.json"
+    st = scale.start(2, single=False, workdir=workdir, scrape_interval="1s", state_file=state, log=None)
+    try:
+        yield st
+    finally:
+        scale.stop(st)
+
+
+@NEEDS_BINARIES
+def test_prometheus_metric_equals_tritons_own_statistics(lab):
+    """servelab.core.scaling.promql(), evaluated by Prometheus over a window that holds a whole burst,
+    gives the same queue time per request as Triton's /stats (both replicas summed)."""
+    from servelab import triton
+
+    body, headers = _body()
+    before = [triton.snapshot(u, scale.MODEL) for u in lab.replica_urls]
+    time.sleep(4.0)   # scrapes with the counters still (more than one: a busy machine delays some)
+    start = time.time()
+
+    def client():
+        conn = http.client.HTTPConnection(*lab.urls["leastconn"].split(":"), timeout=60)
+        for _ in range(6):
+            assert _infer(conn, body, headers) == 200
+        conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(4)]   # 4 clients, 2 replicas: requests queue
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    time.sleep(3.5)   # the counters still again, and scraped
+    end = time.time()
+    deltas = [triton.stats_delta(b, triton.snapshot(u, scale.MODEL)) for b, u in zip(before, lab.replica_urls)]
+    requests = sum(d["requests"] for d in deltas)
+    assert requests == 24
+    queue_us = sum(d["per_request_ms"].get("queue", 0.0) * d["requests"] for d in deltas) * 1000 / requests
+    window = f"{int(end - start) + 3}s"   # from before the burst (still counters) to after it
+    got = scaling.query(lab.urls["prometheus"], scaling.promql(window, match=f'job="{scale.REPLICA_JOB}"'), at=end)
+    assert len(got) == 1
+    assert got[0]["value"] == pytest.approx(queue_us, rel=0.02), (got, queue_us, deltas)
+    assert queue_us > 0   # 4 clients on 2 single-instance replicas: some waited
+    per_replica = scaling.query(lab.urls["prometheus"], scaling.promql(window, by="replica",
+                                match=f'job="{scale.REPLICA_JOB}"'), at=end)
+    assert {e["metric"]["replica"] for e in per_replica} == {"replica0", "replica1"}
+    # the same expression over time (what notebook 6c plots): zero-request windows are NaN, the
+    # burst's windows positive; a query Prometheus cannot parse is a clear error
+    series = scaling.query_range(lab.urls["prometheus"], scaling.promql("2s", match=f'job="{scale.REPLICA_JOB}"'),
+                                 start, end, 1)
+    values = [v for _, v in series[0]["values"] if v == v]
+    assert values and max(values) > 0
+    with pytest.raises(RuntimeError, match="parse"):
+        scaling.query(lab.urls["prometheus"], "sum(delta(")
+
+
+@NEEDS_BINARIES
+def test_grpc_goes_through_haproxy_too(lab):
+    """HTTP/2 end to end: tritonclient.grpc through each gRPC frontend; round-robin alternates."""
+    import tritonclient.grpc as grpcclient
+
+    from servelab import triton
+
+    x = np.zeros((1, 3, 224, 224), np.float32)
+    for policy in scale.POLICIES:
+        before = [triton.snapshot(u, scale.MODEL) for u in lab.replica_urls]
+        client = grpcclient.InferenceServerClient(lab.urls[f"grpc_{policy}"])
+        try:
+            assert client.is_model_ready(scale.MODEL)
+            inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            for _ in range(6):
+                assert client.infer(scale.MODEL, [inp]).as_numpy("output").shape == (1, 11)
+        finally:
+            client.close()
+        deadline = time.monotonic() + 5
+        while True:   # Triton counts a request just after it answers it
+            counts = [triton.stats_delta(b, triton.snapshot(u, scale.MODEL))["requests"]
+                      for b, u in zip(before, lab.replica_urls)]
+            if sum(counts) == 6 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert sum(counts) == 6, (policy, counts)
+        if policy == "roundrobin":
+            assert counts == [3, 3], counts
+
+
+@NEEDS_BINARIES
+def test_a_killed_replica_is_drained_and_nothing_fails_after_the_check_trips(lab):
+    """Closed loop of 4 clients through the least-connections frontend; replica1's whole process
+    group (wrapper, tritonserver, stubs) is SIGKILLed mid-run. Requests that fail do so before
+    HAProxy marks it DOWN; after that every request succeeds on replica0."""
+    body, headers = _body()
+    results: list[tuple[float, float, int]] = []   # (sent, done, status or -1)
+    lock = threading.Lock()
+    stop_at = time.monotonic() + 9.0
+
+    def client():
+        host, port = lab.urls["leastconn"].split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        while time.monotonic() < stop_at:
+            t0 = time.monotonic()
+            try:
+                status = _infer(conn, body, headers)
+            except (OSError, http.client.HTTPException):
+                status = -1
+                conn.close()
+                conn = http.client.HTTPConnection(host, int(port), timeout=60)
+            with lock:
+                results.append((t0, time.monotonic(), status))
+        conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(3.0)
+    victim = lab.replica_server(1)
+    prefix = json.loads(state_path(lab.replicas[1]["http"]).read_text())["shm_prefix"]
+    server_pid = json.loads(state_path(lab.replicas[1]["http"]).read_text())["pid"]
+    killed = time.monotonic()
+    # A crash, not a shutdown: tritonserver gets no chance to finish what it holds (a SIGTERM would
+    # let it drain its requests first). Then its wrapper, before it could start it again.
+    os.kill(server_pid, signal.SIGKILL)
+    os.killpg(victim.pid, signal.SIGKILL)
+    tripped = scale.wait_backends(lab, "DOWN", ["replica1"], timeout=10)
+    for t in threads:
+        t.join()
+    failed_before = [r for r in results if r[2] != 200 and r[0] < tripped]
+    failed_after = [r for r in results if r[2] != 200 and r[0] >= tripped]
+    after = [r for r in results if r[0] >= tripped]
+    print(f"\nkill -> DOWN in {tripped - killed:.2f} s (check inter {scale.CHECK_INTER_MS} ms, fall {scale.FALL}); "
+          f"failed before: {len(failed_before)}, after: {len(failed_after)} of {len(after)} sent after; "
+          f"{len(results)} requests in all")
+    assert not failed_after, failed_after
+    assert len(after) >= 4   # the run went on after the check tripped
+    assert tripped - killed < (scale.FALL + 2) * scale.CHECK_INTER_MS / 1000 + 2.0
+    scale._cleanup_triton(lab.replicas[1]["http"])
+    assert not _shm([prefix]), "the killed replica's shared memory was not reaped"
+
+
+@NEEDS_BINARIES
+def test_cli_up_then_down_stops_everything_and_leaves_no_shared_memory(tmp_path):
+    """`servelab scale up --replicas 1` returns with the lab running (its processes outlive the
+    command, as after `servelab up`); `servelab down` stops every one of them."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SERVELAB_SCALE_DIR": str(tmp_path), "PYTHONPATH": str(scale.paths.REPO_ROOT)}
+    up = subprocess.run([sys.executable, "-m", "servelab", "scale", "up", "--replicas", "1", "--no-single",
+                         "--scrape-interval", "1s"], env=env, capture_output=True, text=True, timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "SCALE_LC_URL" in up.stdout and (tmp_path / "env.sh").exists()
+    data = json.loads((tmp_path / "state.json").read_text())
+    run = json.loads(state_path(data["replicas"][0]["http"]).read_text())
+    pids = [p["pid"] for p in data["processes"].values()] + [run["pid"]]
+    assert all(procs.pid_alive(p) for p in pids) and _shm([run["shm_prefix"]])
+    again = subprocess.run([sys.executable, "-m", "servelab", "scale", "up"], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 1 and "already up" in again.stderr
+    down = subprocess.run([sys.executable, "-m", "servelab", "down"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "replica0: stopped" in down.stdout and "prometheus: stopped" in down.stdout
+    assert not (tmp_path / "state.json").exists()
+    assert not any(procs.pid_alive(p) for p in pids)
+    assert not _shm([run["shm_prefix"], f"servelab-cores-{os.getuid()}-{run['pid']}-"])
