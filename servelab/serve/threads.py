@@ -24,7 +24,11 @@ a whole pass, beside the peer's own pass (3 threads on 2 cores, and a
 set_num_threads change each way). The same file therefore records each
 instance's last pass (start, end, and the end before): a peer that was busy
 for most of its last cycle and ended less than one pass ago counts as busy
-(``_between_passes``). The OpenMP / ONNX Runtime thread pools keep their library defaults
+while this instance runs back to back too (``_between_passes``); at one
+client, instances taking turns each keep every core. In a two-process
+simulation of two instances at a steady load, 2-thread passes fell from
+~15 % to ~4 % (issue 36; a loaded machine, whose stretched gaps cause the
+rest). The OpenMP / ONNX Runtime thread pools keep their library defaults
 (spin a few milliseconds, then sleep), so an idle server uses no CPU.
 
     share = CoreShare(group="food_classifier")    # in each Triton instance
