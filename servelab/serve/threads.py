@@ -28,7 +28,10 @@ while this instance runs back to back too (``_between_passes``); at one
 client, instances taking turns each keep every core. In a two-process
 simulation of two instances at a steady load, 2-thread passes fell from
 ~15 % to ~4 % (issue 36; a loaded machine, whose stretched gaps cause the
-rest). The OpenMP / ONNX Runtime thread pools keep their library defaults
+rest); in the local Triton, food_classifier count 2 at concurrency 8 (ABBA,
+load 7.5, the idle rule forced) spent 0.4-0.9 ms of CPU per request in the
+stubs' OpenMP worker threads instead of 2.6-3.2, and 36 ms of stub CPU per
+request instead of 39; at concurrency 1 both rules gave every pass 2 threads. The OpenMP / ONNX Runtime thread pools keep their library defaults
 (spin a few milliseconds, then sleep), so an idle server uses no CPU.
 
     share = CoreShare(group="food_classifier")    # in each Triton instance
