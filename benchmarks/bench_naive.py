@@ -1,25 +1,34 @@
-"""Never slower than the naive code: the kit beside a naive reference, in one run (issue 14).
+"""Never slower than the plainest code: the kit beside two references, in one run (issues 14, 36).
 
-The naive reference (benchmarks/naive/) is what a student would write from
-the lab's own snippets: a minimal FastAPI app calling ONNX Runtime / PyTorch
-with library defaults, one model call per request, and a Python-backend
-model.py with torch defaults (no thread or wait settings). It runs beside the
-kit's services (fastapi_onnx/, fastapi_pt/) and models (models_staging/), on
-the same photo (servelab/samples/soup_bowl.jpg), with the same clients: the
-notebook's `requests` loop (sequential, and 16 clients in a thread pool) for
-FastAPI, perf_analyzer with an input.json made from that photo for Triton.
+Two references stand beside every kit figure (benchmarks/naive/):
 
-    .venv/bin/python benchmarks/bench_naive.py [--rounds 2] [--quick | --tiny] [--json out.json]
+* plain  - shares nothing with the kit: the FastAPI PyTorch app, the FastAPI
+  ONNX app and the Python-backend model.py a student writes from the lab's
+  snippets (PIL decode, torchvision Resize/CenterCrop/ToTensor/Normalize, numpy
+  for the ONNX one, model.eval(), torch.no_grad(), library default threads,
+  no middleware). They import nothing from servelab (a test parses them).
+* shared - the same minimal serving code on the kit's own decoding and
+  preprocessing (servelab.core.food11): the ratio to it isolates serving.
+
+They run beside the kit's services (fastapi_onnx/, fastapi_pt/) and models
+(models_staging/), on the same photo (servelab/samples/soup_bowl.jpg), with
+the same clients: the notebook's `requests` loop (sequential, and 16 clients
+in a thread pool) for FastAPI, perf_analyzer with an input.json made from that
+photo for Triton.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_naive.py [--rounds 2] [--quick | --tiny] [--json out.json]
 
 Each figure is the best of ``--rounds`` (other load can only slow a round
-down), and kit and naive alternate inside every round, in an order and then
-its reverse (ABBA), so a ratio compares figures taken a few seconds apart and
-a host that changes speed between them (this shared VM drifts by up to 1.5x
-within a minute) weighs on both sides; in Triton every configuration in a ratio
-is loaded at once (no reload between two sides of a ratio) and each runs
-twice a round, in an order and then its reverse (only naive count 2 with
-default threads needs a reload, and runs once). Prints every row of the issue's target
-table with its target and PASS/FAIL, then the raw figures. Exit status 0
+down), and kit and references alternate inside every round, in an order and
+then its reverse (ABBA; ABCCBA with two references), so a ratio compares
+figures taken a few seconds apart and a host that changes speed between them
+(this shared VM drifts by up to 1.5x within a minute) weighs on both sides; in
+Triton every configuration in a ratio is loaded at once (no reload between two
+sides of a ratio) and each runs twice a round (only the references' count 2
+with default threads needs a reload, and runs once). ``--tiny`` (the smoke
+test's size) runs each configuration once, without the reverse order: its
+figures mean nothing. Prints every row of the target table against both
+references with its target and PASS/FAIL, then the raw figures. Exit status 0
 whatever the verdicts (a measurement, not a test); ``--strict`` exits 1 on a
 FAIL. On a shared machine, read the load average printed with the table.
 """
@@ -43,22 +52,35 @@ from servelab import triton
 from servelab.bench import script
 from servelab.core import food11, paths, procs
 from servelab.serve import samples
+from servelab.triton import config as triton_config
 from servelab.triton import perf
 
 REPO = Path(__file__).resolve().parents[1]
 NAIVE = Path(__file__).resolve().parent / "naive"
 PHOTO = paths.SAMPLES_DIR / samples.INPUT_JSON_SAMPLE
 NAN = float("nan")
-KIT_PT, NAIVE_PT, ONNX_MODEL = "food_classifier", "food_classifier_naive", "food_classifier_onnx"
-# The kit's and the naive model again, given 2 instances (the naive one 1 thread each) once
-# at start: every configuration compared stays loaded and they run back to back, in an
+KIT_PT, ONNX_MODEL = "food_classifier", "food_classifier_onnx"
+# The references, as every row names them.
+REFS = {
+    "plain": "plain: shares nothing with the kit (PIL + torchvision or numpy, library defaults, no servelab)",
+    "shared": "shared: the kit's decoding and preprocessing (servelab.core.food11), so it isolates serving",
+}
+REF_PT = {ref: f"food_classifier_{ref}" for ref in REFS}
+# The kit's and the reference models again, given 2 instances (the references 1 thread each)
+# once at start: every configuration compared stays loaded and they run back to back, in an
 # order that is then reversed (ABBA), with no reload between them. With reloads between
 # runs minutes apart, count 2 / count 1 at one client read 0.81, 1.02, 1.15 in three sessions.
-KIT_PT2, NAIVE_PT2 = "food_classifier_count2", "food_classifier_naive_count2"
+KIT_PT2 = "food_classifier_count2"
+REF_PT2 = {ref: f"{model}_count2" for ref, model in REF_PT.items()}
+
+
+def abba(order: list) -> list:
+    """An order, then its reverse: a slow moment of the host weighs on both sides."""
+    return order + order[::-1]
 
 
 # --------------------------------------------------------------------------
-# FastAPI: the kit's services and the naive apps, the notebook's client loop
+# FastAPI: the kit's services and the reference apps, the notebook's client loop
 # --------------------------------------------------------------------------
 
 def start_fastapi(name: str, app: str, cwd: Path, model: Path, log_dir: Path) -> procs.Server:
@@ -97,47 +119,51 @@ def notebook_loop(url: str, payload: dict, n: int, clients: int) -> dict:
 
 
 def bench_fastapi(args, log_dir: Path, payload: dict, servers: dict) -> dict:
-    specs = {
-        "kit_onnx": ("fastapi_onnx", "app:app", REPO / "fastapi_onnx", REPO / "fastapi_onnx" / "food11.onnx"),
-        "naive_onnx": ("naive_onnx", "fastapi_onnx_naive:app", NAIVE, REPO / "fastapi_onnx" / "food11.onnx"),
-        "kit_pt": ("fastapi_pt", "app:app", REPO / "fastapi_pt", REPO / "fastapi_pt" / "food11.pth"),
-        "naive_pt": ("naive_pt", "fastapi_pt_naive:app", NAIVE, REPO / "fastapi_pt" / "food11.pth"),
-    }
+    specs = {}
+    for backend, model in (("onnx", REPO / "fastapi_onnx" / "food11.onnx"), ("pt", REPO / "fastapi_pt" / "food11.pth")):
+        specs[f"kit_{backend}"] = (f"fastapi_{backend}", "app:app", REPO / f"fastapi_{backend}", model)
+        for ref in REFS:
+            specs[f"{ref}_{backend}"] = (f"{ref}_{backend}", f"fastapi_{backend}_{ref}:app", NAIVE, model)
     for key, (name, app, cwd, model) in specs.items():
         servers[key] = start_fastapi(name, app, cwd, model, log_dir)
     for key, server in servers.items():
-        procs.wait_http_ok(f"{server.url}/docs" if key.startswith("naive") else f"{server.url}/health",
+        procs.wait_http_ok(f"{server.url}/health" if key.startswith("kit") else f"{server.url}/docs",
                            timeout=120, server=server)
     runs: dict = {f"{k}/{mode}": [] for k in specs for mode in ("seq", "c16")}
     for _ in range(args.rounds):
         for backend in ("onnx", "pt"):
-            for key in (f"kit_{backend}", f"naive_{backend}"):   # warm both (first requests allocate)
+            sides = [f"kit_{backend}", *(f"{ref}_{backend}" for ref in REFS)]
+            for key in sides:   # warm every side (first requests allocate)
                 notebook_loop(servers[key].url, payload, args.warmup, 1)
-            pair = [f"kit_{backend}", f"naive_{backend}"]
             for mode, n, clients in (("seq", args.requests, 1), ("c16", args.concurrent_requests, 16)):
-                for key in pair + pair[::-1]:   # ABBA: a slow moment of the host hits both sides
+                for key in sides if args.size == "tiny" else abba(sides):
                     r = notebook_loop(servers[key].url, payload, n, clients)
                     runs[f"{key}/{mode}"].append(r)
-                    print(f"  {key:10} {mode:4} {r['throughput']:6.1f} req/s  p50 {r['p50_ms']:6.1f} ms  "
+                    print(f"  {key:11} {mode:4} {r['throughput']:6.1f} req/s  p50 {r['p50_ms']:6.1f} ms  "
                           f"p95 {r['p95_ms']:6.1f} ms  ({r['count']} ok, {r['failed']} failed)", flush=True)
     return {k: script.best(v) for k, v in runs.items()} | {"runs": runs}
 
 
 # --------------------------------------------------------------------------
-# Triton: kit food_classifier vs the naive model.py; ONNX vs raw ORT
+# Triton: kit food_classifier vs the references' model.py; ONNX vs raw ORT
 # --------------------------------------------------------------------------
 
-def staging_with_naive(dest: Path) -> Path:
-    """models_staging/ plus the naive model (with the kit's weights), and second copies
-    of the kit's and the naive model (KIT_PT2, NAIVE_PT2), in one repository."""
+def staging_with_references(dest: Path) -> Path:
+    """models_staging/ plus the reference models (with the kit's weights), and second copies
+    of the kit's and the reference models (KIT_PT2, REF_PT2), in one repository."""
     for name in (KIT_PT, ONNX_MODEL):
         shutil.copytree(paths.MODELS_STAGING / name, dest / name, symlinks=False)
-    shutil.copytree(NAIVE / NAIVE_PT, dest / NAIVE_PT)
-    shutil.copy2(paths.MODELS_STAGING / KIT_PT / "1" / "food11.pth", dest / NAIVE_PT / "1" / "food11.pth")
-    for name, copy in ((KIT_PT, KIT_PT2), (NAIVE_PT, NAIVE_PT2)):
+    for model in REF_PT.values():
+        shutil.copytree(NAIVE / model, dest / model)
+        shutil.copy2(paths.MODELS_STAGING / KIT_PT / "1" / "food11.pth", dest / model / "1" / "food11.pth")
+    for name, copy in ((KIT_PT, KIT_PT2), *((REF_PT[ref], REF_PT2[ref]) for ref in REFS)):
         shutil.copytree(dest / name, dest / copy, symlinks=False)
-        config = dest / copy / "config.pbtxt"
-        config.write_text(config.read_text().replace(f'name: "{name}"', f'name: "{copy}"', 1))
+        config = dest / copy / "config.pbtxt"   # loaded as compared: no reload (stub starts) at start
+        edit = {"name": copy, "instance_group": [{"count": 2, "kind": "KIND_CPU"}]}
+        if copy != KIT_PT2:
+            edit["parameters"] = {"reference_threads": {"string_value": "1"}}
+        edited = triton_config.apply_edit(triton_config.config_to_dict(triton_config.load_config(config)), edit)
+        config.write_text(triton_config.config_to_text(triton_config.dict_to_config(edited)))
     return dest
 
 
@@ -172,35 +198,39 @@ def perf_pt(t, args, model: str, concurrency: int, input_json: Path) -> dict:
 
 def set_instances(t, model: str, count: int, threads: int | None = None) -> None:
     edit: dict = {"instance_group": [{"count": count, "kind": "KIND_CPU"}]}
-    if model in (NAIVE_PT, NAIVE_PT2):
-        edit["parameters"] = {"naive_threads": {"string_value": str(threads) if threads else ""}}
+    if model != KIT_PT and model != KIT_PT2:   # a reference: its one thread setting
+        edit["parameters"] = {"reference_threads": {"string_value": str(threads) if threads else ""}}
     t.reload_model(model, edit)
     t.wait_for_stubs(model, count)
 
 
 def bench_triton_pt(t, args, input_json: Path) -> dict:
-    # (label, model, instances, naive threads, concurrency); a label seen twice in a round
+    # (label, model, instances, reference threads, concurrency); a label seen twice in a round
     # keeps its best run. The loaded configurations run in an order, then in reverse (ABBA):
     # each gets two runs, and a slow moment of the host hits both sides of a ratio.
-    c1 = [("naive c1", NAIVE_PT, 1, None, 1), ("kit count1 c1", KIT_PT, 1, None, 1),
+    c1 = [*((f"{ref} c1", REF_PT[ref], 1, None, 1) for ref in REFS), ("kit count1 c1", KIT_PT, 1, None, 1),
           ("kit count2 c1", KIT_PT2, 2, None, 1)]
-    c8 = [("naive c8", NAIVE_PT, 1, None, 8), ("kit count1 c8", KIT_PT, 1, None, 8),
-          ("kit count2 c8", KIT_PT2, 2, None, 8), ("naive count2 1 thread c8", NAIVE_PT2, 2, 1, 8)]
-    plan = c1 + c1[::-1] + c8 + c8[::-1] + [("naive count2 default threads c8", NAIVE_PT, 2, None, 8)]
-    runs: dict = {label: [] for label, *_ in plan}
+    c8 = [*((f"{ref} c8", REF_PT[ref], 1, None, 8) for ref in REFS), ("kit count1 c8", KIT_PT, 1, None, 8),
+          ("kit count2 c8", KIT_PT2, 2, None, 8),
+          *((f"{ref} count2 1 thread c8", REF_PT2[ref], 2, 1, 8) for ref in REFS)]
+    mirror = (lambda order: order) if args.size == "tiny" else abba
+    plan = mirror(c1) + mirror(c8)
+    if args.size != "tiny":   # a reload each (two stubs importing torch): the smoke test goes without
+        plan += [(f"{ref} count2 default threads c8", REF_PT[ref], 2, None, 8) for ref in REFS]
+    runs: dict = {label: [] for label, *_ in plan} | \
+        {f"{ref} count2 default threads c8": [] for ref in REFS}   # stays empty at --tiny: NaN
     def warm(model: str) -> None:  # after a (re)load: the first requests allocate memory
         if args.size != "tiny":
             perf.run(f"-u {t.url} -m {model} --input-data {input_json} -b 1 --concurrency-range 2 "
                      f"{perf_args(args.window_ms // 3)}", timeout=300, check=False)
 
-    current: dict = {KIT_PT: (1, None), NAIVE_PT: (1, None)}   # as models_staging/ loads them
-    for model, count, threads in ((KIT_PT2, 2, None), (NAIVE_PT2, 2, 1)):
-        set_instances(t, model, count, threads)
-        current[model] = (count, threads)
+    current: dict = {KIT_PT: (1, None), KIT_PT2: (2, None)} | {m: (1, None) for m in REF_PT.values()} | \
+        {m: (2, 1) for m in REF_PT2.values()}   # as staging_with_references wrote them
     for round_ in range(args.rounds):
-        if current[NAIVE_PT] != (1, None):  # every round starts from one instance, torch defaults
-            set_instances(t, NAIVE_PT, 1)
-            current[NAIVE_PT] = (1, None)
+        for model in REF_PT.values():   # every round starts from one instance, torch defaults
+            if current[model] != (1, None):
+                set_instances(t, model, 1)
+                current[model] = (1, None)
         for model in current:
             warm(model)
         for label, model, count, threads, conc in plan:
@@ -210,10 +240,13 @@ def bench_triton_pt(t, args, input_json: Path) -> dict:
                 warm(model)
             r = perf_pt(t, args, model, conc, input_json)
             runs[label].append(r)
-            print(f"  {label:32} {r['throughput']:6.1f} infer/s  p50 {r['p50_ms']:6.1f} ms  "
+            print(f"  {label:34} {r['throughput']:6.1f} infer/s  p50 {r['p50_ms']:6.1f} ms  "
                   f"compute {r['compute_ms']:5.1f} ms{'  (perf_analyzer fell behind)' if r['late'] else ''}",
                   flush=True)
-    return {k: script.best(v) for k, v in runs.items()} | {"runs": runs}
+    for label, got in runs.items():
+        if not got:
+            print(f"  {label:34} not run at --tiny (a reload)", flush=True)
+    return {k: script.best(v) if v else {"throughput": NAN} for k, v in runs.items()} | {"runs": runs}
 
 
 def raw_ort_b16(seconds: float) -> float:
@@ -254,7 +287,7 @@ def bench_triton_onnx(t, args) -> dict:
             before = t.snapshot(ONNX_MODEL)
             cpu0 = cpu_seconds(t.pid)
             r = perf_once(args, f"-u {t.url} -m {ONNX_MODEL} -b 1 --shape input:3,224,224 --concurrency-range 16 "
-                                f"{extra}", at_least_ms=max(args.window_ms, 1500))
+                                f"{extra}", at_least_ms=0 if args.size == "tiny" else max(args.window_ms, 1500))
             cpu1 = cpu_seconds(t.pid)
             d = triton.stats_delta(before, t.snapshot(ONNX_MODEL))
             raw = (raw_before + raw_ort_b16(args.ort_seconds)) / 2   # before and after: the host drifts
@@ -289,27 +322,36 @@ def table(fa: dict, tp: dict, to: dict, idle: dict[str, float]) -> list[tuple[st
     def tput(d, k):
         return d[k]["throughput"]
 
-    naive_c2 = max((v for v in (tput(tp, "naive count2 default threads c8"), tput(tp, "naive count2 1 thread c8"))
-                    if not math.isnan(v)), default=NAN)
-    rows = [
-        ("Triton food_classifier count 1 / naive, concurrency 1",
-         tput(tp, "kit count1 c1") / tput(tp, "naive c1"), ">= 0.95", (0.95, None)),
-        ("Triton food_classifier count 1 / naive, concurrency 8",
-         tput(tp, "kit count1 c8") / tput(tp, "naive c8"), ">= 0.95", (0.95, None)),
+    rows = []
+    for ref in REFS:
+        ref_c2 = max((v for v in (tput(tp, f"{ref} count2 default threads c8"), tput(tp, f"{ref} count2 1 thread c8"))
+                      if not math.isnan(v)), default=NAN)
+        rows += [
+            (f"Triton food_classifier count 1 / {ref}, concurrency 1",
+             tput(tp, "kit count1 c1") / tput(tp, f"{ref} c1"), ">= 0.95", (0.95, None)),
+            (f"Triton food_classifier count 1 / {ref}, concurrency 8",
+             tput(tp, "kit count1 c8") / tput(tp, f"{ref} c8"), ">= 0.95", (0.95, None)),
+            (f"count 2 / {ref} count 2 (best thread setting), concurrency 8",
+             tput(tp, "kit count2 c8") / ref_c2, ">= 0.95", (0.95, None)),
+        ]
+    rows += [
         ("count 2 / count 1, concurrency 8",
          tput(tp, "kit count2 c8") / tput(tp, "kit count1 c8"), ">= 1.0", (1.0, None)),
-        ("count 2 / naive count 2 (best thread setting), concurrency 8",
-         tput(tp, "kit count2 c8") / naive_c2, ">= 0.95", (0.95, None)),
         ("count 2 / count 1, concurrency 1",
          tput(tp, "kit count2 c1") / tput(tp, "kit count1 c1"), "0.85 - 1.15", (0.85, 1.15)),
-        ("FastAPI ONNX sequential / naive", tput(fa, "kit_onnx/seq") / tput(fa, "naive_onnx/seq"), ">= 0.95",
-         (0.95, None)),
-        ("FastAPI PyTorch sequential / naive", tput(fa, "kit_pt/seq") / tput(fa, "naive_pt/seq"), ">= 0.95",
-         (0.95, None)),
-        ("FastAPI ONNX 16 clients / naive", tput(fa, "kit_onnx/c16") / tput(fa, "naive_onnx/c16"), ">= 1.0",
-         (1.0, None)),
-        ("FastAPI PyTorch 16 clients / naive", tput(fa, "kit_pt/c16") / tput(fa, "naive_pt/c16"), ">= 1.0",
-         (1.0, None)),
+    ]
+    for ref in REFS:
+        rows += [
+            (f"FastAPI ONNX sequential / {ref}", tput(fa, "kit_onnx/seq") / tput(fa, f"{ref}_onnx/seq"), ">= 0.95",
+             (0.95, None)),
+            (f"FastAPI PyTorch sequential / {ref}", tput(fa, "kit_pt/seq") / tput(fa, f"{ref}_pt/seq"), ">= 0.95",
+             (0.95, None)),
+            (f"FastAPI ONNX 16 clients / {ref}", tput(fa, "kit_onnx/c16") / tput(fa, f"{ref}_onnx/c16"), ">= 1.0",
+             (1.0, None)),
+            (f"FastAPI PyTorch 16 clients / {ref}", tput(fa, "kit_pt/c16") / tput(fa, f"{ref}_pt/c16"), ">= 1.0",
+             (1.0, None)),
+        ]
+    rows += [
         ("CPU of the busiest idle server process (% of a core)", max(idle.values()), "<= 2",
          (-1.0, 2.0)),
         ("Triton ONNX + dynamic batching c16, HTTP / raw ORT b16", to["http"]["ratio"], ">= 0.85", (0.85, None)),
@@ -331,10 +373,13 @@ def main(argv=None) -> int:
     ap.add_argument("--strict", action="store_true", help="exit 1 when a row FAILs")
     args = ap.parse_args(argv)
 
+    began = time.perf_counter()
     perf.install_shim()
     load0 = os.getloadavg()[0]
     print(f"machine: {procs.cpu_cores()} cores, load average {load0:.1f} at start; photo {PHOTO.name}; "
           f"size {args.size}, {args.rounds} round(s)", flush=True)
+    for ref, what in REFS.items():
+        print(f"  reference {what}", flush=True)
     payload = {"image": base64.b64encode(PHOTO.read_bytes()).decode("ascii")}  # the notebook's payload
     work = Path(tempfile.mkdtemp(prefix="bench-naive-"))
     servers: dict[str, procs.Server] = {}
@@ -342,16 +387,20 @@ def main(argv=None) -> int:
     try:
         input_json = work / "input.json"
         input_json.write_text(samples.input_json_text(PHOTO))
-        repo = staging_with_naive(work / "models")
+        repo = staging_with_references(work / "models")
         with triton.running(repo, http_port=procs.free_port(), grpc_port=procs.free_port(),
                             metrics_port=procs.free_port(), write_state=False) as t:
-            print("\n[1] Triton Python backend, perf_analyzer, input.json from the photo", flush=True)
+            print(f"\n[1] Triton Python backend, perf_analyzer, input.json from the photo"
+                  f" (at {time.perf_counter() - began:.0f} s)", flush=True)
             tp = bench_triton_pt(t, args, input_json)
-            print("\n[2] Triton ONNX (dynamic_batching { }), perf_analyzer c16 vs raw ORT batch 16", flush=True)
+            print(f"\n[2] Triton ONNX (dynamic_batching {{ }}), perf_analyzer c16 vs raw ORT batch 16"
+                  f" (at {time.perf_counter() - began:.0f} s)", flush=True)
             to = bench_triton_onnx(t, args)
-            print("\n[3] FastAPI, the notebook's requests loop (sequential and 16 clients)", flush=True)
+            print(f"\n[3] FastAPI, the notebook's requests loop (sequential and 16 clients)"
+                  f" (at {time.perf_counter() - began:.0f} s)", flush=True)
             fa = bench_fastapi(args, work, payload, servers)
-            print(f"\n[4] idle CPU over {args.idle_seconds:.0f} s (no request in flight)", flush=True)
+            print(f"\n[4] idle CPU over {args.idle_seconds:.0f} s (no request in flight; at "
+                  f"{time.perf_counter() - began:.0f} s)", flush=True)
             time.sleep(min(2.0, args.idle_seconds))  # let thread pools finish their short spin
             watched = {f"uvicorn {k}": s.pid for k, s in servers.items()} | {"tritonserver": t.pid}
             watched |= {f"stub {s.model} {s.pid}": s.pid for s in t.stub_processes()}
@@ -364,11 +413,14 @@ def main(argv=None) -> int:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
     out["load_end"] = os.getloadavg()[0]
-    print(f"\nTargets (issue 14), load average {load0:.1f} at start, {out['load_end']:.1f} at the end"
-          f"{' - a busy machine: figures are noisy' if max(load0, out['load_end']) > 1.5 else ''}")
+    print(f"\nTargets (issues 14, 36), load average {load0:.1f} at start, {out['load_end']:.1f} at the end"
+          f"{' - a busy machine: figures are noisy' if max(load0, out['load_end']) > 1.5 else ''}; "
+          f"{time.perf_counter() - began:.0f} s in all")
     print(f"  {'figure':64} {'value':>7}  {'target':12} verdict")
     for name, value, target, ok in rows:
         print(f"  {name:64} {value:7.2f}  {target:12} {ok}")
+    for ref, what in REFS.items():
+        print(f"  {ref} = {what}")
     for proto in ("http", "http+shm"):   # the ONNX rows' ceiling on this machine (see bench_triton_onnx)
         best = to[proto]
         if "client_cpu_share" in best:

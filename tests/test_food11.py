@@ -301,3 +301,17 @@ def test_base64_errors_say_what_is_wrong(text, says):
     with pytest.raises(food11.InvalidBase64Error) as e:
         food11.decode_base64(text)
     assert says in e.value.message, e.value.message
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 300])
+def test_canonical_base64_fast_path_matches_the_standard_decoder(n):
+    raw = bytes(range(256)) * 2
+    raw = raw[:n]
+    text = base64.b64encode(raw)
+    assert food11.decode_base64(text) == raw == food11.decode_base64(text.decode())
+
+
+@pytest.mark.parametrize("bad", [b"AB=C", b"====", b"A===", b"QQ=A", b"=QQ=", b"QUJD\x00"])
+def test_misplaced_padding_still_gets_its_sentence(bad):
+    with pytest.raises(food11.InvalidBase64Error):
+        food11.decode_base64(bad)

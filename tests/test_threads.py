@@ -163,3 +163,51 @@ def test_lock_files_are_removed_for_a_stopped_server(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [os.path.basename(threads.lock_path(str(tmp_path), 8, "a")), "target"])
     assert (tmp_path / "target").read_text() == "kept"
+
+
+def _record(share: threads.CoreShare, slot: int, start: float, end: float, before: float) -> None:
+    threads.TIMES.pack_into(share._times, threads.TIMES_OFFSET + slot * threads.TIMES.size, start, end, before)
+
+
+def test_a_peer_between_back_to_back_passes_counts_as_busy(tmp_path, monkeypatch):
+    """Two instances at a steady load: the peer is idle only for the instant between two
+    passes. Seen by locks alone, it looked idle there and this instance took every core
+    for a whole pass beside it (issue 36). At one client, instances taking turns keep every core."""
+    monkeypatch.setattr(threads, "machine_busy", lambda cores: False)
+    share = threads.CoreShare(cores=2, group="m", lock_dir=str(tmp_path), server=1)
+    now = time.monotonic()
+    pass_s = 0.025
+    # slot 0 is ours (the first free byte); slot 1 a peer that ended 1 ms ago,
+    # after a 25 ms pass that followed its previous one by 1 ms.
+    peer = (now - 0.001 - pass_s, now - 0.001, now - 0.002 - pass_s)
+    _record(share, 1, *peer)
+    _record(share, 0, now - 0.001 - pass_s, now - 0.001, now - 0.002 - pass_s)   # we are back to back too
+    with share.threads() as n:
+        assert n == 1
+    now = time.monotonic()
+    _record(share, 1, now - 0.001 - pass_s, now - 0.001, now - 0.002 - pass_s)
+    _record(share, 0, now - 0.030 - pass_s, now - 0.030, now - 0.1)   # we were idle a whole pass: one client
+    with share.threads() as n:
+        assert n == 2
+    now = time.monotonic()
+    _record(share, 0, now - 0.001 - pass_s, now - 0.001, now - 0.002 - pass_s)
+    _record(share, 1, now - 0.001 - pass_s, now - 0.001, now - 0.030 - 2 * pass_s)   # turns: busy half its cycle
+    with share.threads() as n:
+        assert n == 2
+    now = time.monotonic()
+    _record(share, 0, now - 0.001 - pass_s, now - 0.001, now - 0.002 - pass_s)
+    _record(share, 1, now - 0.030 - pass_s, now - 0.030, now - 0.031 - pass_s)   # ended over a pass ago
+    with share.threads() as n:
+        assert n == 2
+    share.close()
+
+
+def test_pass_times_are_recorded_in_the_group_file(tmp_path):
+    share = threads.CoreShare(cores=2, group="m", lock_dir=str(tmp_path), server=1)
+    for _ in range(2):
+        t0 = time.monotonic()
+        with share.threads():
+            time.sleep(0.01)
+    start, end, before = threads.TIMES.unpack_from(share._times, threads.TIMES_OFFSET)
+    assert t0 <= start < end <= time.monotonic() and end - start >= 0.01 and 0 < before <= start
+    share.close()

@@ -113,7 +113,8 @@ class Prediction:
 # Decoding untrusted input
 # --------------------------------------------------------------------------
 
-_B64_STANDARD = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+_B64_STANDARD_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+_B64_STANDARD = frozenset(_B64_STANDARD_BYTES)
 _B64_URLSAFE_TABLE = bytes.maketrans(b"-_", b"+/")
 _WHITESPACE = b" \t\r\n\v\f"
 
@@ -170,6 +171,12 @@ def decode_base64(data: str | bytes, max_bytes: int | None = None) -> bytes:
         raise ImageTooLargeError(
             f"The image is larger than the {max_bytes} byte limit."
         )
+    # What nearly every client sends: one line, standard alphabet, padded. One C pass
+    # (delete every alphabet byte: what is left must be the padding) proves it, and it
+    # decodes as is; the checks below cost 0.47 ms more on a 36 KB photo (issue 36).
+    rest = data.translate(None, _B64_STANDARD_BYTES)
+    if rest in (b"", b"=", b"==") and data.endswith(rest) and len(data) % 4 == 0 and len(data) > len(rest):
+        return binascii.a2b_base64(data)
     data = data.translate(None, _WHITESPACE)  # line breaks of wrapped base64
     if not data:
         raise InvalidBase64Error("The image field is empty.")

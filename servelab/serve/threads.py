@@ -17,8 +17,24 @@ FastAPI services: one request per thread) a counter does it. Triton runs each
 model instance in its own process, so instances of one model count each other
 through byte-range locks on a small file (``group=``): a lock held by a
 process that dies is released by the kernel, so a crash never leaves a stale
-count. The OpenMP / ONNX Runtime thread pools keep their library defaults
-(spin a few milliseconds, then sleep), so an idle server uses no CPU: OpenMP's
+count. Under a steady load an instance is idle only for the instant between
+two passes (Triton hands it the next request); an instance that looked at
+locks alone would see its peer idle in that instant and take every core for
+a whole pass, beside the peer's own pass (3 threads on 2 cores, and a
+set_num_threads change each way). The same file therefore records each
+instance's last pass (start, end, and the end before): a peer that was busy
+for most of its last cycle and ended less than one pass ago counts as busy
+while this instance runs back to back too (``_between_passes``); at one
+client, instances taking turns each keep every core. In a two-process
+simulation of two instances at a steady load, 2-thread passes fell from
+~15 % to ~4 % (issue 36; a loaded machine, whose stretched gaps cause the
+rest); in the local Triton, food_classifier count 2 at concurrency 8 (ABBA,
+load 7.5, the idle rule forced) spent 0.4-0.9 ms of CPU per request in the
+stubs' OpenMP worker threads instead of 2.6-3.2, and 36 ms of stub CPU per
+request instead of 39; at concurrency 1 both rules gave every pass 2 threads.
+
+The OpenMP / ONNX Runtime thread pools keep their library defaults (spin a
+few milliseconds, then sleep), so an idle server uses no CPU: OpenMP's
 PASSIVE wait made a 2-thread pass 2x slower here, ACTIVE spins idle cores (and
 an idle Triton stub) at 100 %.
 
@@ -37,10 +53,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import mmap
 import os
 import stat
+import struct
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 
 from servelab.core import procs
@@ -49,6 +68,14 @@ log = logging.getLogger("servelab")
 
 # Instances of one model that can see each other (one lock byte each).
 MAX_PROCESSES = 16
+# Each instance's last pass, after the lock bytes: (start, end, end of the pass before), on
+# CLOCK_MONOTONIC (one clock for every process of the machine).
+TIMES_OFFSET = 4096
+TIMES = struct.Struct("3d")
+# A peer between two passes counts as busy when it was busy for at least this much of its last
+# cycle (end before -> end): back-to-back passes under load. At one client, two instances that
+# take turns are each busy about half of their cycle, and a lone request keeps every core.
+BACK_TO_BACK = 0.75
 
 
 def share_of(cores: int, busy: int) -> int:
@@ -151,14 +178,18 @@ class CoreShare:
         self._lock = threading.Lock()
         self._demand = 0          # inferences of this process waiting or running
         self._fd = None
+        self._times = None        # the group file's pass times (mmap), None without a group
         self._byte = None         # our lock byte in the group file while busy
+        self._last_byte = 0       # the one we held last
         self._running = 0
+        self._start = 0.0         # when this process's current pass began
         if group:
             # One file per server (a stub's parent is its tritonserver) and model.
             folder = lock_dir or lock_folder()
             server = os.getppid() if server is None else server
             _remove_stale(folder)
             self._fd = open_lock(lock_path(folder, server, group))
+            self._times = _map_times(self._fd) if self._fd is not None else None
         self.last = self.cores    # threads handed to the latest inference (for logs and tests)
 
     @property
@@ -168,8 +199,11 @@ class CoreShare:
         return sorted({1} | {share_of(self.cores, b) for b in range(1, self.workers + 1)})
 
     def _others_busy(self) -> int:
-        """Processes of the group holding a lock byte right now (not us)."""
+        """Processes of the group holding a lock byte right now (not us), or
+        between two back-to-back passes while we are too (``_between_passes``)."""
         busy = 0
+        now = time.monotonic()
+        steady = self._back_to_back(now)
         for i in range(MAX_PROCESSES):
             if i == self._byte:
                 continue
@@ -179,25 +213,54 @@ class CoreShare:
                 busy += 1          # held by another process
             else:
                 fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, i)
+                busy += steady and self._between_passes(i, now)
         return busy
+
+    def _pass_times(self, slot: int) -> tuple[float, float, float]:
+        return TIMES.unpack_from(self._times, TIMES_OFFSET + slot * TIMES.size)
+
+    def _back_to_back(self, now: float) -> bool:
+        """This process is under a steady load: its last pass ended less than half
+        a pass ago. Only then can a peer between passes be about to run beside us
+        (at one client, an instance that takes its turn was idle for a whole pass)."""
+        if self._times is None or self._byte is None:
+            return False
+        start, end, _ = self._pass_times(self._byte)
+        return start > 0 and now - end < 0.5 * (end - start)
+
+    def _between_passes(self, slot: int, now: float) -> bool:
+        """The instance that last held ``slot`` is idle now, but only between two
+        passes of a steady load: it was busy for BACK_TO_BACK of its last cycle or
+        more, and ended less than one of its passes ago (it is about to start the
+        next one). A crashed or idle instance stops counting one pass after its end."""
+        start, end, before = self._pass_times(slot)
+        busy_for, cycle = end - start, end - before
+        return before > 0 and 0 < busy_for and now - end < busy_for and busy_for >= BACK_TO_BACK * cycle
 
     def _enter_group(self) -> int:
         # Called under self._lock. fcntl locks belong to the process, so the
         # process holds one byte while any of its inferences runs.
         if self._byte is None:
-            for i in range(MAX_PROCESSES):
+            # The byte this process held last first: its pass times stay in one slot.
+            for i in sorted(range(MAX_PROCESSES), key=lambda b: b != self._last_byte):
                 try:
                     fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, i)
                 except OSError:
                     continue
-                self._byte = i
+                self._byte = self._last_byte = i
                 break
+        if self._running == 0:
+            self._start = time.monotonic()
         self._running += 1
         return self._others_busy()
 
     def _leave_group(self) -> None:
         self._running -= 1
         if self._running == 0 and self._byte is not None:
+            if self._times is not None:   # this pass, for the peers' _between_passes
+                at = TIMES_OFFSET + self._byte * TIMES.size
+                _, end, _ = TIMES.unpack_from(self._times, at)
+                TIMES.pack_into(self._times, at, self._start, time.monotonic(), end)
             fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, self._byte)
             self._byte = None
 
@@ -225,6 +288,9 @@ class CoreShare:
                 self._demand -= 1
 
     def close(self) -> None:
+        if self._times is not None:
+            self._times.close()
+            self._times = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -256,3 +322,15 @@ class TorchShare(CoreShare):
             for n in sorted({1, self.cores}) * rounds:
                 torch.set_num_threads(n)
                 run()
+
+
+def _map_times(fd: int) -> mmap.mmap | None:
+    """The group file's pass-time table, mapped (the file grows to hold it once)."""
+    size = TIMES_OFFSET + MAX_PROCESSES * TIMES.size
+    try:
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
+        return mmap.mmap(fd, size)
+    except (OSError, ValueError) as err:
+        log.warning("core-share pass times not mapped (%s): peers are seen only while they run", err)
+        return None

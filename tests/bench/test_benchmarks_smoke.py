@@ -44,19 +44,25 @@ EXPECTED = {
     ),
     "bench_naive.py": (
         [], {0},
-        ["[1] Triton Python backend", "naive c1", "kit count1 c1", "naive c8", "kit count1 c8", "kit count2 c1",
-         "kit count2 c8", "naive count2 default threads c8", "naive count2 1 thread c8",
-         "[2] Triton ONNX", "ONNX c16 http ", "ONNX c16 http+shm", "[3] FastAPI", "kit_onnx   seq",
-         "naive_onnx seq", "kit_pt     c16", "naive_pt   c16", "[4] idle CPU", "tritonserver", "Targets (issue 14)",
-         "Triton food_classifier count 1 / naive, concurrency 1", "Triton food_classifier count 1 / naive, concurrency 8",
-         "count 2 / count 1, concurrency 8", "count 2 / naive count 2 (best thread setting), concurrency 8",
-         "count 2 / count 1, concurrency 1", "FastAPI ONNX sequential / naive", "FastAPI PyTorch sequential / naive",
-         "FastAPI ONNX 16 clients / naive", "FastAPI PyTorch 16 clients / naive",
+        ["reference plain: shares nothing with the kit", "reference shared: the kit's decoding and preprocessing",
+         "[1] Triton Python backend", "plain c1", "shared c1", "kit count1 c1", "plain c8", "shared c8",
+         "kit count1 c8", "kit count2 c1", "kit count2 c8", "plain count2 default threads c8",
+         "shared count2 default threads c8", "plain count2 1 thread c8", "shared count2 1 thread c8",
+         "[2] Triton ONNX", "ONNX c16 http ", "ONNX c16 http+shm", "[3] FastAPI", "kit_onnx    seq",
+         "plain_onnx  seq", "shared_onnx seq", "kit_pt      c16", "plain_pt    c16", "shared_pt   c16",
+         "[4] idle CPU", "tritonserver", "Targets (issues 14, 36)",
+         *(f"{row} / {ref}{tail}" for ref in ("plain", "shared")
+           for row, tail in (("Triton food_classifier count 1", ", concurrency 1"),
+                             ("Triton food_classifier count 1", ", concurrency 8"),
+                             ("count 2", " count 2 (best thread setting), concurrency 8"),
+                             ("FastAPI ONNX sequential", ""), ("FastAPI PyTorch sequential", ""),
+                             ("FastAPI ONNX 16 clients", ""), ("FastAPI PyTorch 16 clients", ""))),
+         "count 2 / count 1, concurrency 8", "count 2 / count 1, concurrency 1",
          "CPU of the busiest idle server process", "Triton ONNX + dynamic batching c16, HTTP / raw ORT b16",
          "Triton ONNX + dynamic batching c16, HTTP+shm / raw ORT b16"],
-        lambda d: (len(d["rows"]) == 12 and all(r["verdict"] in ("PASS", "FAIL") or r["verdict"].startswith("INCONCLUSIVE")
+        lambda d: (len(d["rows"]) == 19 and all(r["verdict"] in ("PASS", "FAIL") or r["verdict"].startswith("INCONCLUSIVE")
                                                 for r in d["rows"])
-                   and len(d["idle_cpu_percent"]) >= 7),  # 4 uvicorns, tritonserver, >= 2 stubs
+                   and len(d["idle_cpu_percent"]) >= 9),  # 6 uvicorns, tritonserver, >= 2 stubs
     ),
     "bench_harness.py": (
         [], {0, 1},  # 1: a target missed (tiny runs are too short to sustain a rate)
@@ -105,8 +111,8 @@ def test_every_benchmark_has_a_smoke_check():
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_benchmark_runs_tiny(name, tmp_path):
-    """Each benchmark end to end at --tiny sizes. Over 120 s for bench_naive.py (~2 min idle): it
-    starts the kit's and the naive Triton and FastAPI servers and runs every row in ABBA order."""
+    """Each benchmark end to end at --tiny sizes. bench_naive.py is the slowest: it starts the kit's
+    and both references' Triton models and FastAPI servers and runs every configuration once."""
     if name not in EXPECTED:
         pytest.fail(f"{name}: no expected rows in EXPECTED")
     extra, codes, rows, json_ok = EXPECTED[name]

@@ -1,7 +1,8 @@
-"""Naive reference for bench_naive.py: the FastAPI + PyTorch service a student
-would write from the lab's snippets. torch defaults (its own thread count, its
+"""Shared-preprocessing reference for bench_naive.py (serving only): a minimal
+FastAPI + PyTorch service. torch defaults (its own thread count, its
 own OpenMP wait policy), one forward pass per request, no thread settings.
-Same preprocessing as the kit (servelab.core.food11), so only serving differs."""
+Same decoding and preprocessing as the kit (servelab.core.food11), so only
+serving differs; fastapi_pt_plain.py shares nothing with the kit."""
 
 import os
 

@@ -1,8 +1,10 @@
-"""Naive reference for bench_naive.py: a Python-backend model.py with torch
-defaults (no thread or OpenMP wait settings), one forward pass per request.
-Same inputs, outputs and preprocessing as models_staging/food_classifier.
+"""Shared-preprocessing reference for bench_naive.py (serving only): a
+Python-backend model.py with torch defaults (no thread or OpenMP wait
+settings), one forward pass per request.
+Same inputs, outputs and preprocessing (servelab.core.food11) as
+models_staging/food_classifier; food_classifier_plain shares nothing with the kit.
 
-The config parameter ``naive_threads`` (unset by default) lets the benchmark
+The config parameter ``reference_threads`` (unset by default) lets the benchmark
 try what a student would add for several instances: torch.set_num_threads(N)."""
 
 import json
@@ -18,7 +20,7 @@ from servelab.core import food11
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        threads = (config.get("parameters", {}).get("naive_threads") or {}).get("string_value")
+        threads = (config.get("parameters", {}).get("reference_threads") or {}).get("string_value")
         if threads:
             torch.set_num_threads(int(threads))
         self.model = torch.load(os.path.join(os.path.dirname(__file__), "food11.pth"), weights_only=False)

@@ -1,7 +1,8 @@
-"""Naive reference for bench_naive.py: the FastAPI + ONNX Runtime service a
-student would write from the lab's snippets. Library defaults only (ORT picks
+"""Shared-preprocessing reference for bench_naive.py (serving only): a minimal
+FastAPI + ONNX Runtime service. Library defaults only (ORT picks
 its own thread count), one model call per request, no thread settings.
-Same preprocessing as the kit (servelab.core.food11), so only serving differs."""
+Same decoding and preprocessing as the kit (servelab.core.food11), so only
+serving differs; fastapi_onnx_plain.py shares nothing with the kit."""
 
 import os
 
