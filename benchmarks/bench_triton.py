@@ -13,7 +13,7 @@ count 1 / count 2 runs alternate, so slow drift on a shared machine hits
 both sides. CPU time per image/inference is printed too: unlike images/s,
 it does not depend on what else the machine is running. Usage::
 
-    python benchmarks/bench_triton.py [--window-ms 5000] [--rounds 2] [--quick | --tiny] [--json out.json]
+    python benchmarks/bench_triton.py [--window-ms 5000 | --window-requests N] [--rounds 2] [--quick | --tiny] [--json out.json]
 """
 
 from __future__ import annotations
@@ -64,14 +64,19 @@ class RawOrt:
         return runs * 16 / (time.perf_counter() - start), (time.process_time() - cpu0) * 1000 / (runs * 16)
 
 
-def perf_window(window_ms: int) -> str:
+def perf_window(window_ms: int, window_requests: int = 0) -> str:
     # Three windows, averaged by perf_analyzer; no stability retries, so the
-    # run takes a known time on a noisy machine.
+    # run takes a known time on a noisy machine. With window_requests, each window
+    # lasts until that many requests have completed (at least 1 s): a smoke run
+    # that is quick when the machine is, and never records nothing when it is not.
+    if window_requests:
+        return (f"--measurement-mode count_windows --measurement-request-count {window_requests} "
+                "--stability-percentage 999 --max-trials 3")
     return f"--measurement-interval {window_ms} --stability-percentage 999 --max-trials 3"
 
 
-def run_perf(args: str, window_ms: int) -> dict:
-    result = perf.run(f"{args} {perf_window(window_ms)}", timeout=600)
+def run_perf(args: str, window: str) -> dict:
+    result = perf.run(f"{args} {window}", timeout=600)
     return result.results[0]
 
 
@@ -90,7 +95,7 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def bench_onnx(t, window_ms: int, ort_seconds: float) -> dict:
+def bench_onnx(t, window: str, ort_seconds: float) -> dict:
     """Each Triton run is paired with a raw-ORT run just before it, so both
     sides of a ratio see the same machine. Besides images/s, CPU ms per
     image (server + stub + perf_analyzer vs ORT alone) compares the work
@@ -111,7 +116,7 @@ def bench_onnx(t, window_ms: int, ort_seconds: float) -> dict:
             before = t.snapshot(ONNX_MODEL)
             pids = [s.pid for s in t.stub_processes(ONNX_MODEL)] + [t.pid]
             cpu0, child0 = sum(_cpu_seconds(p) for p in pids), _children_cpu()
-            r = run_perf(f"{client} -m {ONNX_MODEL} -b 1 {shape} --concurrency-range 16", window_ms)
+            r = run_perf(f"{client} -m {ONNX_MODEL} -b 1 {shape} --concurrency-range 16", window)
             delta = triton.stats_delta(before, t.snapshot(ONNX_MODEL))
             cpu = sum(_cpu_seconds(p) for p in pids) - cpu0 + _children_cpu() - child0
             tri_cpu = cpu * 1000 / max(1, delta["inferences"])
@@ -131,7 +136,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_counts(t, window_ms: int, rounds: int, input_dir: Path) -> dict:
+def bench_counts(t, window: str, rounds: int, input_dir: Path) -> dict:
     """Throughput, plus CPU time per inference and cores the server got:
     on a shared machine the last one explains the first."""
     figures: dict = {1: [], 2: []}
@@ -145,8 +150,7 @@ def bench_counts(t, window_ms: int, rounds: int, input_dir: Path) -> dict:
             cwd = os.getcwd()
             os.chdir(input_dir)
             try:
-                r = run_perf(f"-u {t.url} -m {PT_MODEL} --input-data input.json -b 1 --concurrency-range 8",
-                             window_ms)
+                r = run_perf(f"-u {t.url} -m {PT_MODEL} --input-data input.json -b 1 --concurrency-range 8", window)
             finally:
                 os.chdir(cwd)
             delta = triton.stats_delta(before, t.snapshot(PT_MODEL))
@@ -164,6 +168,8 @@ def bench_counts(t, window_ms: int, rounds: int, input_dir: Path) -> dict:
 def main(argv=None) -> int:
     ap = script.Parser(__doc__, rounds=2)  # rounds: count 1 / count 2 alternations
     ap.sized("--window-ms", type=int, full=5000, quick=2500, tiny=2500, help="perf_analyzer measurement window")
+    ap.sized("--window-requests", type=int, full=0, quick=0, tiny=16,
+             help="perf_analyzer count windows of this many requests instead of time windows (0: --window-ms)")
     ap.sized("--ort-seconds", type=float, full=6.0, quick=2.0, tiny=0.3)
     ap.add_argument("--skip-onnx", action="store_true")
     ap.add_argument("--skip-counts", action="store_true")
@@ -173,6 +179,7 @@ def main(argv=None) -> int:
     if args.omp_wait_policy:
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy
 
+    window = perf_window(args.window_ms, args.window_requests)
     input_dir = paths.INPUT_JSON.parent
     if not paths.INPUT_JSON.exists():
         print("input.json is missing: run `python -m servelab samples input-json`", file=sys.stderr)
@@ -186,7 +193,7 @@ def main(argv=None) -> int:
         print(f"local Triton {t.url}: {ONNX_MODEL} runs on servelab's onnxruntime runner (Python backend)")
         if not args.skip_onnx:
             print("\n[1] ONNX Runtime batch 16 vs Triton food_classifier_onnx with dynamic batching, concurrency 16")
-            tri = bench_onnx(t, args.window_ms, args.ort_seconds)
+            tri = bench_onnx(t, window, args.ort_seconds)
             lab = tri["preferred16/http"]
             best = max(tri, key=lambda k: tri[k]["ratio"])
             print(f"  => Triton / raw ORT (images/s): the lab's command (preferred16/http) {lab['ratio']:.2f}, "
@@ -196,7 +203,7 @@ def main(argv=None) -> int:
                            "ratio_best": tri[best]["ratio"]}
         if not args.skip_counts:
             print("\n[2] food_classifier (PyTorch, Python backend) at concurrency 8: count 2 vs count 1")
-            counts = bench_counts(t, args.window_ms, args.rounds, input_dir)
+            counts = bench_counts(t, window, args.rounds, input_dir)
             ratio = counts[2] / counts[1]
             print(f"  => count 2 / count 1 = {counts[2]:.1f} / {counts[1]:.1f} = {ratio:.2f} "
                   f"(target >= {COUNT_TARGET})")

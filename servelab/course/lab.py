@@ -224,3 +224,62 @@ def unload(model: str, grpc_url: str, admin_key: str | None = None, timeout_s: f
         if time.monotonic() > deadline:
             raise TimeoutError(f"{model} was not unloaded within {timeout_s:.0f} s")
         time.sleep(0.2)
+
+
+def _local_triton(grpc_url: str) -> dict | None:
+    """The state file of the kit's local Triton on ``grpc_url`` (None for any other Triton)."""
+    host, _, port = grpc_url.rpartition(":")
+    if host not in ("127.0.0.1", "localhost") or not port.isdigit():
+        return None
+    from servelab import triton
+
+    return triton.read_state(grpc_port=int(port))
+
+
+def triton_log_mark(grpc_url: str) -> tuple[str, int] | None:
+    """Where Triton's log ends now, for :func:`triton_log_since`: the kit's local Triton
+    (its state file names the log); None where this kernel cannot read the log (the
+    Compose stack's Triton writes it in its own container)."""
+    state = _local_triton(grpc_url)
+    if not state or not state.get("log"):
+        return None
+    from pathlib import Path
+
+    log = Path(state["log"])
+    return str(log), log.stat().st_size if log.exists() else 0
+
+
+def triton_log_since(mark: tuple[str, int] | None, model: str) -> str:
+    """Triton's log lines about ``model`` (and its errors) written since ``mark``; where
+    the log is not readable from here, the command that shows them on the node."""
+    if mark is None:
+        return (f"Triton's log is in its own container: on node-serve-system, "
+                f"docker logs triton_server 2>&1 | grep {model}")
+    from servelab.triton.control import log_since
+
+    return log_since(mark[0], mark[1], model) or f"(Triton logged nothing about {model})"
+
+
+def remove_model(model: str, repository, grpc_url: str, admin_key: str | None = None) -> None:
+    """Take a model the learner added out of Triton's repository again: unload it (an admin
+    call, :func:`unload`), then delete its folder ``repository/model``; for the kit's local
+    Triton also its translated copy in the runtime repository, so that Triton's repository
+    index no longer lists it. The kit's own models are refused (a typo must not delete them)."""
+    import shutil
+    from pathlib import Path
+
+    from servelab.node import configs
+
+    if not model or model in (".", "..") or "/" in model or "\\" in model:
+        raise ValueError(f"{model!r} is not a model folder's name")
+    if model in configs.models():
+        raise ValueError(f"{model} is one of the kit's own models: it stays in the repository")
+    if model in models_in_repository(grpc_url, admin_key):
+        unload(model, grpc_url, admin_key)
+    folder = Path(repository) / model
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    if _local_triton(grpc_url):
+        from servelab.triton.control import forget_model
+
+        forget_model(model, grpc_url)

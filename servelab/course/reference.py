@@ -64,6 +64,9 @@ SCALES = {
             # reports requests / whole seconds: 48 requests in 2.4 s read as 16.0 infer/s.)
             "SERVELAB_NB_PERF_ARGS": "--measurement-mode count_windows --measurement-request-count 16 "
                                      "--stability-percentage 100",
+            # the -b 16 run: windows of 4 requests (64 images each; 16 requests took ~25 s on 2 cores)
+            "SERVELAB_NB_BATCH_ARGS": "--measurement-mode count_windows --measurement-request-count 4 "
+                                      "--stability-percentage 100",
             # request-rate runs: perf_analyzer refuses a count below the rate (0.5 / S(1), ~60-90/s here)
             "SERVELAB_NB_RATE_ARGS": "--request-count 200", "SERVELAB_NB_RUN_SECONDS": "6",
             # the load sweep at reduced size: three points, short runs

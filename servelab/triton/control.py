@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +193,25 @@ def reload_model(name: str, edit: Edit = None, *, server: LocalServer | None = N
     if verbose:
         print(f"reloaded {describe_config(reported)}")
     return reported
+
+
+def forget_model(name: str, grpc_url: str) -> bool:
+    """Delete ``name``'s translated copy from a local Triton's runtime repository, once the
+    model is unloaded and its folder in the source repository is gone: Triton's repository
+    index then lists it no more, as on a server that reads the source itself. Returns whether
+    there was a copy; a Triton this machine did not start has none."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValueError(f"{name!r} is not a model folder's name")
+    state = _local_state(grpc_url)
+    if not state:
+        return False
+    if (Path(state["source"]) / name).is_dir():
+        raise ValueError(f"{name} is still in {state['source']}: delete that folder first")
+    folder = Path(state["repo"]) / name
+    if not folder.is_dir():
+        return False
+    shutil.rmtree(folder)
+    return True
 
 
 def _log_size(log_path: Path | None) -> int:

@@ -504,10 +504,11 @@ def image_env(name: str) -> Path:
 def sdk_tools() -> Path:
     """A folder holding what the SDK image has on its PATH beyond Python packages:
     perf_analyzer (here the kit venv's, tritonclient 2.50.0's binary behind its shim)."""
-    tools = ENVS / "sdk-tools"
+    target = Path(sys.executable).parent / "perf_analyzer"
+    # one folder per interpreter: checkouts sharing build/image-envs never repoint each other's link
+    tools = ENVS / "sdk-tools" / hashlib.sha256(str(target).encode()).hexdigest()[:12]
     tools.mkdir(parents=True, exist_ok=True)
     link = tools / "perf_analyzer"
-    target = Path(sys.executable).parent / "perf_analyzer"
     if not link.is_symlink() or Path(os.readlink(link)) != target:
         tmp = tools / f".perf_analyzer.{os.getpid()}"
         tmp.unlink(missing_ok=True)

@@ -270,6 +270,7 @@ def test_container_server_survives_more_slow_clients_than_workers(container_serv
     slow = [threading.Thread(target=_slow_client, args=(port, stop, header_closed), daemon=True) for _ in range(24)]
     slow += [threading.Thread(target=_slow_client, args=(port, stop, body_closed, True), daemon=True)
              for _ in range(8)]
+    opened = time.monotonic()
     for t in slow:
         t.start()
     try:
@@ -283,7 +284,10 @@ def test_container_server_survives_more_slow_clients_than_workers(container_serv
             assert re.search(r'<dd id="label">([^<]+)</dd>', r.text)
             print(f"\nupload answered in {took:.2f} s beside {len(slow)} slow connections")
             time.sleep(1.0)
-        time.sleep(20.0)  # header and body timeouts expire
+        # the header and body timeouts expire: wait until the server has hung up on every slow
+        # client, or until the longest time one may stay open (asserted below) has passed
+        while (len(header_closed) < 24 or len(body_closed) < 8) and time.monotonic() - opened < 30:
+            time.sleep(0.2)
     finally:
         stop.set()
         for t in slow:
