@@ -129,3 +129,18 @@ def test_pipeline_backend_classifies_and_refuses(pipeline_triton, sample_bytes):
     with pytest.raises(flask_backends.BadUpload) as err:
         backend.classify(truncated_jpeg())
     assert err.value.status == 400 and err.value.code == "truncated_image"
+
+
+def test_first_request_after_load_with_and_without_warmup(pipeline_triton):
+    """servelab.bench.warmup reloads the model without, then with, its
+    model_warmup and times the first request after each load (figures: the
+    notebook 6a and its answer key; here only that it measures and leaves the
+    model as its config asks)."""
+    from servelab.bench.warmup import first_request_after_load
+
+    result = first_request_after_load(pipeline_triton.url, "food_classifier_onnx", rounds=1, steady=2)
+    for arm in ("without", "with"):
+        assert len(result[arm]["first_ms"]) == 1 and result[arm]["first_median"] > 0
+        assert result[arm]["steady_median"] > 0
+    assert result["warmup_sizes"] == [1]  # the local CPU translation of 1..16
+    assert pipeline_triton.model_config("food_classifier_onnx").get("model_warmup")
