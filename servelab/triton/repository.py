@@ -48,7 +48,7 @@ def missing_artifacts(source: Path, name: str) -> list[Path]:
     missing = [m for m in (_version_artifact(cfg, v) for v in versions) if m is not None]
     # The lab's known artifacts (models build writes them).
     if Path(source).resolve() == paths.MODELS_STAGING.resolve():
-        for target in (*paths.PTH_TARGETS, *paths.ONNX_TARGETS):
+        for target in (*paths.PTH_TARGETS, *paths.ONNX_TARGETS, paths.ONNX_V2_TARGET):
             if target.is_relative_to(model_dir) and not target.exists():
                 missing.append(target)
     return sorted(set(missing))
