@@ -88,6 +88,7 @@ _LESSONS = (
     Lesson("5", "5_triton_setup", "node", "switch to the Triton stack"),
     Lesson("6", "6_triton", "container",
            "perf_analyzer, instance groups, ONNX backend, dynamic batching, queueing model", local=True),
+    Lesson("6a", "6a_triton_pipeline", "container", "preprocessing on the server (ensemble), warm-up in the config, model versions", local=True),
     Lesson("7", "7_delete_resources", "chameleon", "delete the server, release its IP, end the lease"),
 )
 

@@ -70,6 +70,10 @@ SCALES = {
             "SERVELAB_NB_SWEEP_SECONDS": "2", "SERVELAB_NB_SWEEP_FACTORS": "0.5,1.0,2.0",
             "SERVELAB_NB_BATCH_REQUESTS": "4",
         },
+        "6a_triton_pipeline": {  # tests/notebooks/test_6a_triton_pipeline.py
+            "SERVELAB_NB6A_REQUESTS": "24", "SERVELAB_NB6A_SWEEP_SECONDS": "2", "SERVELAB_NB6A_SWEEP_FACTORS": "0.5,1.0",
+            "SERVELAB_NB6A_WARMUP_ROUNDS": "2", "SERVELAB_NB6A_ROLLOUT_SECONDS": "8",
+        },
     },
 }
 
