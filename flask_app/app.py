@@ -6,6 +6,7 @@ chosen by environment variable, so the same app fronts every stage of the lab:
     INFERENCE_BACKEND=fastapi      FASTAPI_SERVER_URL=http://fastapi_server:8000
     INFERENCE_BACKEND=triton       TRITON_SERVER_URL=triton_server:8000  FOOD11_MODEL_NAME=food_classifier
     INFERENCE_BACKEND=triton_onnx  TRITON_SERVER_URL=triton_server:8000  (model food_classifier_onnx)
+    INFERENCE_BACKEND=triton_pipeline  TRITON_SERVER_URL=triton_server:8000  (ensemble food_pipeline: JPEG bytes in)
 
 Run it:   python app.py          (from flask_app/; PORT and HOST env, default 127.0.0.1:5000)
 Routes:   GET /  page · POST /predict  form upload · GET /test  classify a bundled

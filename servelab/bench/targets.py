@@ -247,14 +247,19 @@ class TritonHTTPTarget(HTTPTarget):
         return d
 
 
+RAW_IMAGE_INPUT = "IMAGE_BYTES"  # the ensemble's input: encoded image bytes, no base64
+
+
 def triton_image_target(url: str, model: str = "food_classifier",
                         images: Sequence[bytes | str | Path] | None = None,
                         input_name: str = "INPUT_IMAGE", outputs: Sequence[str] = ("FOOD_LABEL", "PROBABILITY"),
                         version: str | int | None = None, binary: bool = True,
-                        timeout: float = 30.0, batch: int = 1) -> TritonHTTPTarget:
-    """A BYTES model taking base64-encoded images, shape [batch, 1]: one image
-    per request, or ``batch`` copies of it (a client-side batch)."""
-    reqs = [triton_infer_body([(input_name, "BYTES", [batch, 1], [base64.b64encode(b)] * batch)], outputs, binary)
+                        timeout: float = 30.0, batch: int = 1, raw: bool = False) -> TritonHTTPTarget:
+    """A BYTES model taking base64-encoded images (``raw``: the files' own
+    bytes, as the food_pipeline ensemble takes them), shape [batch, 1]: one
+    image per request, or ``batch`` copies of it (a client-side batch)."""
+    reqs = [triton_infer_body([(input_name, "BYTES", [batch, 1], [b if raw else base64.b64encode(b)] * batch)],
+                              outputs, binary)
             for b in _read_images(images)]
     return TritonHTTPTarget(url, model, reqs, version, timeout,
                             protocol_note="binary" if binary else "json")
@@ -297,8 +302,9 @@ def triton_target(url: str, model: str, version: str | int | None = None, binary
         raise ValueError(f"{model} has {len(ins)} inputs; build the requests with triton_infer_body")
     spec = ins[0]
     dims = [d for d in spec["shape"][1:]] if spec["shape"] and spec["shape"][0] == -1 else spec["shape"]
-    if spec["datatype"] == "BYTES":
-        return triton_image_target(url, model, images, spec["name"], outs, version, binary, timeout, batch)
+    if spec["datatype"] == "BYTES":  # IMAGE_BYTES (food_pipeline): the file's bytes; otherwise base64
+        return triton_image_target(url, model, images, spec["name"], outs, version, binary, timeout, batch,
+                                   raw=spec["name"] == RAW_IMAGE_INPUT)
     if spec["datatype"] == "FP32" and list(dims) == [3, 224, 224]:
         return triton_tensor_target(url, model, None, spec["name"], outs, "FP32", version, binary, timeout, batch)
     if any(d < 0 for d in dims):

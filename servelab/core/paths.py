@@ -27,6 +27,8 @@ ONNX_TARGETS = (
     REPO_ROOT / "fastapi_onnx" / "food11.onnx",
     MODELS_STAGING / "food_classifier_onnx" / "1" / "model.onnx",
 )
+# Version 2 of the ONNX classifier (notebook 6a's rollout): a second deterministic export.
+ONNX_V2_TARGET = MODELS_STAGING / "food_classifier_onnx" / "2" / "model.onnx"
 
 
 def sample_images() -> list[Path]:

@@ -100,6 +100,13 @@ SOURCES = {
         "inputs already on the GPU, median of 100 runs after warm-up; copying inputs there and back "
         "added 0.0-0.3 ms at b=1 and 0.9 ms at b=16. The script that measured it is not in the kit",
     ),
+    "kit-cpu-pipeline": Source(
+        "this kit (ServeLab)", "CPU reference: the 2-core x86 machine the kit is tested on, no GPU, shared with "
+        "other work during the run (every timed run was flagged inconclusive)",
+        "notebook 6a executed by tests/notebooks/test_6a_triton_pipeline.py at reduced size (24 requests per "
+        "closed-loop run, 2 loads per warm-up arm, an 8 s rollout) against the local Triton 2.51, 2026-11-26",
+        "models_staging as shipped: food_pipeline, food_classifier (1 copy), food_classifier_onnx (1 copy)",
+    ),
     "derived": Source("arithmetic on the figures above", "-", "the formula given with the figure", "-"),
 }
 
@@ -212,6 +219,34 @@ _FIGURES = [
     _fig("h100_b16_ms", 2.8, "ms", "PyTorch fp32 forward pass, batch of 16, NVIDIA H100 (GPU_REFERENCE_MS[16] = 2.80)",
          "kit-gpu-batchcost"),
 ]
+# ---- this kit, notebook 6a (kit-cpu-pipeline) ----
+_FIGURES += [
+    _fig("pipe_kb_python", 27.1, "KB", "Python model: request size (base64 JPEG)", "kit-cpu-pipeline"),
+    _fig("pipe_kb_onnx", 588.4, "KB", "client + ONNX: request size (float32 tensor)", "kit-cpu-pipeline"),
+    _fig("pipe_kb_ensemble", 20.5, "KB", "ensemble: request size (JPEG bytes)", "kit-cpu-pipeline"),
+    _fig("pipe_cpu_onnx_ms", 3.7, "ms", "client + ONNX: client CPU per request", "kit-cpu-pipeline"),
+    _fig("pipe_c1_p50_python", 67, "ms", "Python model, 1 client: p50", "kit-cpu-pipeline"),
+    _fig("pipe_c1_p50_onnx", 27, "ms", "client + ONNX, 1 client: p50", "kit-cpu-pipeline"),
+    _fig("pipe_c1_p50_ensemble", 29, "ms", "ensemble, 1 client: p50", "kit-cpu-pipeline"),
+    _fig("pipe_preprocess_ms", 6.1, "ms", "ensemble, 1 client: food_preprocess compute per request", "kit-cpu-pipeline"),
+    _fig("pipe_c8_rps_python", 18.1, "req/s", "Python model, 8 clients: throughput", "kit-cpu-pipeline"),
+    _fig("pipe_c8_rps_onnx", 38.3, "req/s", "client + ONNX, 8 clients: throughput", "kit-cpu-pipeline"),
+    _fig("pipe_c8_rps_ensemble", 52.5, "req/s", "ensemble, 8 clients: throughput", "kit-cpu-pipeline"),
+    _fig("pipe_c8_pred_python", 14.4, "req/s", "Python model: predicted throughput at 8 clients", "kit-cpu-pipeline"),
+    _fig("pipe_c8_pred_onnx", 38.2, "req/s", "client + ONNX: predicted throughput at 8 clients", "kit-cpu-pipeline"),
+    _fig("pipe_c8_pred_ensemble", 51.8, "req/s", "ensemble: predicted throughput at 8 clients", "kit-cpu-pipeline"),
+    _fig("warm_first_without_ms", 134, "ms", "first request after a load, no model_warmup", "kit-cpu-pipeline"),
+    _fig("warm_first_with_ms", 74, "ms", "first request after a load, with model_warmup", "kit-cpu-pipeline"),
+    _fig("warm_steady_ms", 60, "ms", "the requests after the first", "kit-cpu-pipeline"),
+    _fig("rollout_ok", 153, "requests", "rollout: answered", "kit-cpu-pipeline"),
+    _fig("rollout_rate", 19.1, "req/s", "rollout: Poisson rate", "kit-cpu-pipeline"),
+    _fig("rollout_v1", 83, "requests", "rollout: answered by version 1", "kit-cpu-pipeline"),
+    _fig("rollout_v2", 70, "requests", "rollout: answered by version 2", "kit-cpu-pipeline"),
+    _fig("rollout_stats_v1", 63, "requests", "rollout: version 1 in Triton's statistics", "kit-cpu-pipeline"),
+    _fig("rollout_unseen", 20, "requests", "rollout: served while version 1 reloaded", "derived",
+         "rollout_v1 - rollout_stats_v1"),
+]
+
 FIGURES: dict[str, Figure] = {f.name: f for f in _FIGURES}
 if len(FIGURES) != len(_FIGURES):
     raise ValueError("duplicate figure names")
@@ -250,6 +285,18 @@ KEYS: list[Key] = [
     # 6c quotes no figure of another system: its keys explain, the run measures.
     Key("6c_scale_out", "one queue vs a queue per replica", ()),
     Key("6c_scale_out", "the rule past saturation", ()),
+]
+
+KEYS += [
+    Key("6a_triton_pipeline", "the three ways",
+        ("pipe_kb_python", "pipe_kb_onnx", "pipe_kb_ensemble", "pipe_cpu_onnx_ms", "pipe_c1_p50_python",
+         "pipe_c1_p50_onnx", "pipe_c1_p50_ensemble", "pipe_preprocess_ms", "pipe_c8_rps_python", "pipe_c8_rps_onnx",
+         "pipe_c8_rps_ensemble", "pipe_c8_pred_python", "pipe_c8_pred_onnx", "pipe_c8_pred_ensemble"),
+        settings=(2, 2026, 24, 1, 8, 16, 0)),
+    Key("6a_triton_pipeline", "warm-up and rollout",
+        ("warm_first_without_ms", "warm_first_with_ms", "warm_steady_ms", "rollout_ok", "rollout_rate",
+         "rollout_v1", "rollout_v2", "rollout_stats_v1", "rollout_unseen"),
+        settings=(2, 8, 0, 1)),
 ]
 
 # Paragraphs outside the answer keys that quote figures about another system

@@ -89,10 +89,11 @@ def warm_copies(triton_url: str, model: str, config: dict) -> None:
     first requests (it allocates, initializes its device, pages its weights in),
     and that is not what a measurement is meant to show."""
     from servelab import bench
-    from servelab.triton.config import instance_count
+    from servelab.triton.config import instance_count, warmed_sizes
 
     copies = instance_count(config)
-    bench.warm(bench.triton_target(triton_url, model), requests=2 * copies, concurrency=copies)
+    if 1 not in warmed_sizes(config):  # model_warmup in the config: Triton did it while loading
+        bench.warm(bench.triton_target(triton_url, model), requests=2 * copies, concurrency=copies)
     warm_batches(triton_url, model, config)
 
 
@@ -102,11 +103,11 @@ def warm_batches(triton_url: str, model: str, config: dict) -> None:
     GPU, where the first batch of a new size pays for kernel selection; only
     the preferred sizes on the CPU). Each request carries a whole batch."""
     from servelab import bench
-    from servelab.triton.config import batch_sizes_to_warm, instance_count
+    from servelab.triton.config import batch_sizes_to_warm, instance_count, warmed_sizes
 
     copies = instance_count(config)
     for size in batch_sizes_to_warm(config):
-        if size > 1:
+        if size > 1 and size not in warmed_sizes(config):  # not what model_warmup already ran
             bench.warm(bench.triton_target(triton_url, model, batch=size), requests=2 * copies, concurrency=copies)
 
 

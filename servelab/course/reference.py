@@ -77,6 +77,10 @@ SCALES = {
         "6c_scale_out": {"SERVELAB_NB_SCALE_SECONDS": "4", "SERVELAB_NB_SCALE_RHOS": "0.6",
                          "SERVELAB_NB_RAMP_FACTORS": "0.3,0.6,1.3", "SERVELAB_NB_RAMP_SECONDS": "4",
                          "SERVELAB_NB_SCALE_ATTEMPTS": "1"},
+        "6a_triton_pipeline": {  # tests/notebooks/test_6a_triton_pipeline.py
+            "SERVELAB_NB6A_REQUESTS": "24", "SERVELAB_NB6A_SWEEP_SECONDS": "2", "SERVELAB_NB6A_SWEEP_FACTORS": "0.5,1.0",
+            "SERVELAB_NB6A_WARMUP_ROUNDS": "2", "SERVELAB_NB6A_ROLLOUT_SECONDS": "8",
+        },
     },
 }
 

@@ -5,7 +5,10 @@ Outputs (all git-ignored, each with a ``<file>.json`` stamp beside it):
 * ``food11.pth`` — a full pickled torchvision MobileNetV2 with an 11-class
   head, loadable the way the lab loads it: ``torch.load(p, weights_only=False)``;
 * ``food11.onnx`` — the same network exported to ONNX: input ``input``
-  [N, 3, 224, 224] float32, output ``output`` [N, 11] logits, dynamic batch.
+  [N, 3, 224, 224] float32, output ``output`` [N, 11] logits, dynamic batch;
+* ``food11_v2.onnx`` — version 2 of the ONNX classifier for the rollout in
+  notebook 6a: demo weights from the next seed (``DEMO_SEED + 1``), exported
+  the same way, so the two versions are told apart by their answers.
 
 They are built once into ``build/models/`` and copied to where each lesson
 folder expects them (see ``servelab.core.paths``).
@@ -346,10 +349,46 @@ def build(weights: str | None = None, out_dir: Path | None = None, force: bool =
                 if _place(src, dest, info):
                     copied.append(dest)
                 log(f"  {'wrote ' if dest in copied else 'kept  '} {_rel(dest)}")
+    build_second_version(out_dir, force=force, place=place, log=log)
     if info["weights_kind"] == "demo":
         log(f"note: {food11.DEMO_WEIGHTS_NOTE} (use --weights to load trained Food-11 weights)")
     return BuildResult(out_dir / "food11.pth", out_dir / "food11.onnx", info["parity_max_abs_diff"],
                        info["weights_kind"], copied, skipped and not copied)
+
+
+def build_second_version(out_dir: Path | None = None, force: bool = False, place: bool = True,
+                         log=print) -> Path:
+    """``food11_v2.onnx`` (demo weights, seed ``DEMO_SEED + 1``), placed as
+    version 2 of food_classifier_onnx. Deterministic, so rebuilt only when its
+    recipe changes."""
+    import torch
+
+    out_dir = Path(out_dir or paths.MODELS_BUILD_DIR)
+    onnx_path, stamp = out_dir / "food11_v2.onnx", out_dir / "build_v2.json"
+    fp = {"recipe": BUILD_RECIPE, "torch": torch.__version__, "weights": {"kind": "demo", "seed": DEMO_SEED + 1}}
+    try:
+        info = json.loads(stamp.read_text())
+        current = info.get("fingerprint") == fp and _sha256(onnx_path) == info["sha256"]["food11_v2.onnx"]
+    except (OSError, ValueError, KeyError):
+        current = False
+    if force or not current:
+        t0 = time.perf_counter()
+        model = build_demo_model(seed=DEMO_SEED + 1)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        export_onnx(model, onnx_path)
+        diff = parity(model, onnx_path)
+        if not diff <= PARITY_TOLERANCE:
+            raise RuntimeError(f"ONNX export of version 2 does not match PyTorch: max abs diff {diff:.3e}")
+        info = {"fingerprint": fp, "weights_kind": "demo", "parity_max_abs_diff": diff,
+                "sha256": {"food11_v2.onnx": _sha256(onnx_path)},
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        stamp.write_text(json.dumps(info, indent=2) + "\n")
+        log(f"built version 2 of the ONNX classifier (demo weights, seed {DEMO_SEED + 1}) "
+            f"in {time.perf_counter() - t0:.1f} s")
+    if place:
+        wrote = _place(onnx_path, paths.ONNX_V2_TARGET, info)
+        log(f"  {'wrote ' if wrote else 'kept  '} {_rel(paths.ONNX_V2_TARGET)}")
+    return onnx_path
 
 
 def _rel(p: Path) -> str:
@@ -360,7 +399,7 @@ def _rel(p: Path) -> str:
 
 
 def artifacts_ready() -> bool:
-    return all(p.exists() for p in (*paths.PTH_TARGETS, *paths.ONNX_TARGETS))
+    return all(p.exists() for p in (*paths.PTH_TARGETS, *paths.ONNX_TARGETS, paths.ONNX_V2_TARGET))
 
 
 # --------------------------------------------------------------------------

@@ -88,6 +88,7 @@ from servelab.triton.config import (
     localize_config,
     parse_config_text,
     set_instances,
+    warmed_sizes,
 )
 from servelab.triton.control import instance_count, model_config, reload_model
 from servelab.triton.install import (
@@ -118,4 +119,5 @@ __all__ = [
     "find_install", "gpu_count", "is_onnx_config", "is_runner_config", "load_config", "localize_config",
     "instance_count", "model_config", "parse_config_text", "prepare_backends", "read_state", "reload_model",
     "running", "set_instances", "snapshot", "start", "state_path", "stats_delta", "stop_running", "stub_processes", "sync_model",
+    "warmed_sizes",
 ]

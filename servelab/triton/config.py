@@ -11,6 +11,9 @@ from typing import Callable, Mapping, Union
 
 from servelab.triton.install import gpu_count
 
+# Set to 1 to keep every model_warmup entry on the CPU too (see _localize_warmup).
+FULL_WARMUP_ENV = "SERVELAB_FULL_WARMUP"
+
 RUNNER_PARAMETER = "servelab_runner"
 ONNX_FILE_PARAMETER = "servelab_onnx_file"
 RUNNER_NOTE = (
@@ -157,7 +160,38 @@ def localize_config(cfg, gpus: int | None = None, name: str | None = None):
         note = _localize_group(group, gpus, name, pb)
         if note:
             notes.append(note)
+    note = _localize_warmup(new, gpus, name)
+    if note:
+        notes.append(note)
     return new, notes
+
+
+def warmed_sizes(config: Mapping) -> set[int]:
+    """Batch sizes a config's ``model_warmup`` runs (Triton runs each entry on
+    every instance while the model loads, before it is READY)."""
+    return {max(1, int(w.get("batch_size", 0) or 0)) for w in config.get("model_warmup") or []}
+
+
+def _localize_warmup(cfg, gpus: int, name: str) -> str | None:
+    """On the CPU, model_warmup keeps the sizes :func:`batch_sizes_to_warm`
+    names (batch 1 and the preferred sizes): the GPU node's config warms every
+    size the dynamic batcher can form, for kernel selection, which the CPU does
+    not do; 16 sizes of MobileNetV2 here would add seconds to every load.
+    ``SERVELAB_FULL_WARMUP=1`` keeps them all."""
+    if not cfg.model_warmup or os.environ.get(FULL_WARMUP_ENV) == "1":
+        return None
+    data = config_to_dict(cfg)
+    if any(_on_gpu(g, gpus) for g in data.get("instance_group") or [{}]):
+        return None
+    keep = set(batch_sizes_to_warm(data, gpus))
+    sizes = sorted(warmed_sizes(data))
+    kept = [w for w in cfg.model_warmup if max(1, w.batch_size) in keep]
+    if len(kept) == len(cfg.model_warmup):
+        return None
+    del cfg.model_warmup[:]
+    cfg.model_warmup.extend(kept)
+    return (f"{name}: model_warmup runs batch sizes {sorted(keep & set(sizes))} of {sizes[0]}..{sizes[-1]} on the CPU "
+            f"(a new size costs a GPU kernel selection, not a CPU; {FULL_WARMUP_ENV}=1 keeps them all).")
 
 
 def set_instances(count: int | None = None, kind: str | None = None, gpus: list | None = None):

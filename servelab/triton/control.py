@@ -188,8 +188,10 @@ def reload_model(name: str, edit: Edit = None, *, server: LocalServer | None = N
     finally:
         client.close()
     if target.pid is not None and any(s.model == name for s in stub_processes(target.pid)):
-        # Python-backend instances: let the old ones exit before anything is timed.
-        wait_for_stubs(target.pid, name, instance_count(reported), timeout=60.0)
+        # Python-backend instances: let the old ones exit before anything is timed
+        # (one set of instances per version served: version_policy).
+        versions = _ready_versions(target.grpc_url, name, Path(target.repo) / name if target.repo else None)
+        wait_for_stubs(target.pid, name, instance_count(reported) * max(1, versions), timeout=60.0)
     if verbose:
         print(f"reloaded {describe_config(reported)}")
     return reported
@@ -214,6 +216,20 @@ def forget_model(name: str, grpc_url: str) -> bool:
     return True
 
 
+def _ready_versions(grpc_url: str, name: str, model_dir: Path | None) -> int:
+    """How many versions of ``name`` Triton serves now (of the version folders in ``model_dir``)."""
+    if model_dir is None or not model_dir.is_dir():
+        return 1
+    client = _grpc(grpc_url)
+    try:
+        return sum(1 for v in model_dir.iterdir() if v.is_dir() and v.name.isdigit()
+                   and client.is_model_ready(name, v.name))
+    except Exception:
+        return 1
+    finally:
+        client.close()
+
+
 def _log_size(log_path: Path | None) -> int:
     return log_path.stat().st_size if log_path is not None and log_path.exists() else 0
 
@@ -228,3 +244,24 @@ def log_since(log_path: Path, offset: int, name: str, limit: int = 20) -> str:
         return ""
     lines = [ln for ln in text.splitlines() if name in ln or ln.startswith("E")]
     return "\n".join(lines[-limit:])
+
+
+def edit_for_poll(server: LocalServer, name: str, edit: Edit, check, timeout: float = 60.0) -> tuple[dict, float]:
+    """POLL mode (a server started with ``poll_secs``): write ``edit`` into the
+    runtime repository's config and make NO load call; wait until the config
+    Triton reports passes ``check(config)``. Returns ``(config, seconds)``:
+    how long Triton took to notice the file by itself."""
+    import time
+
+    _rewrite_config(name, edit, Path(server.repo), Path(server.source), server.gpus)
+    t0 = time.monotonic()
+    while True:
+        try:
+            reported = model_config(name, grpc_url=server.grpc_url)
+            if check(reported):
+                return reported, time.monotonic() - t0
+        except Exception:  # unavailable while it reloads
+            pass
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"Triton did not pick up the edit of {name} within {timeout:.0f} s (POLL mode?)")
+        time.sleep(0.2)

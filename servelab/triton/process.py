@@ -130,26 +130,27 @@ def _unload_models(client, headers: dict | None, timeout: float) -> None:
         return client.get_model_repository_index(headers=headers, as_json=True).get("models", [])
 
     names = [m["name"] for m in index() if m.get("state") == "READY"]
-    threads = [threading.Thread(target=_quiet, args=(client.unload_model, name),
-                                kwargs={"headers": headers, "client_timeout": timeout}, daemon=True)
-               for name in names]
+    refused: list[str] = []
+
+    def unload(name):
+        try:
+            client.unload_model(name, headers=headers, client_timeout=timeout)
+        except Exception:  # best effort
+            refused.append(name)
+
+    threads = [threading.Thread(target=unload, args=(name,), daemon=True) for name in names]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout)
+    if names and len(refused) == len(names):
+        return  # none will unload (POLL mode refuses the calls): SIGTERM does it
     # unload_model returns when the unload starts: wait until the stubs are gone.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not any(m.get("state") in ("READY", "UNLOADING") for m in index()):
             break
         time.sleep(0.1)
-
-
-def _quiet(fn, *args, **kwargs) -> None:
-    try:
-        fn(*args, **kwargs)
-    except Exception:  # best effort
-        pass
 
 
 def die_with_parent() -> None:  # pragma: no cover - runs in the child

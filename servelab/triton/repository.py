@@ -20,6 +20,8 @@ from servelab.triton.config import (
 )
 from servelab.triton.install import TritonError, TritonInstall, find_install
 
+WARMUP_DIR = "warmup"  # Triton's folder for model_warmup's input_data_file
+
 
 def source_models(source: Path) -> list[str]:
     return sorted(p.name for p in Path(source).iterdir() if (p / "config.pbtxt").is_file())
@@ -46,7 +48,7 @@ def missing_artifacts(source: Path, name: str) -> list[Path]:
     missing = [m for m in (_version_artifact(cfg, v) for v in versions) if m is not None]
     # The lab's known artifacts (models build writes them).
     if Path(source).resolve() == paths.MODELS_STAGING.resolve():
-        for target in (*paths.PTH_TARGETS, *paths.ONNX_TARGETS):
+        for target in (*paths.PTH_TARGETS, *paths.ONNX_TARGETS, paths.ONNX_V2_TARGET):
             if target.is_relative_to(model_dir) and not target.exists():
                 missing.append(target)
     return sorted(set(missing))
@@ -94,6 +96,11 @@ def sync_model_files(name: str, source: Path, repo: Path, runner: bool) -> None:
     dst.mkdir(parents=True, exist_ok=True)
     for version in sorted(p for p in src.iterdir() if p.is_dir() and p.name.isdigit()):
         _sync_version(version, dst / version.name, runner)
+    # model_warmup's input_data_file entries are read from <model>/warmup/.
+    if (src / WARMUP_DIR).is_dir():
+        _replace_link(dst / WARMUP_DIR, (src / WARMUP_DIR).resolve())
+    elif (dst / WARMUP_DIR).is_symlink() or (dst / WARMUP_DIR).exists():
+        _remove(dst / WARMUP_DIR)
 
 
 def write_runtime_config(name: str, cfg, repo: Path, source: Path | None, notes: Sequence[str]) -> Path:

@@ -234,16 +234,21 @@ RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace")
 
 def _command(binary: TritonInstall, repo: Path, backends: Path, names: Sequence[str], *, host: str,
              http_port: int, grpc_port: int, metrics_port: int, admin_key: str, exit_timeout: int,
-             log_verbose: int, shm_prefix: str, gpus: int, extra_args: Sequence[str]) -> list[str]:
+             log_verbose: int, shm_prefix: str, gpus: int, extra_args: Sequence[str],
+             poll_secs: float | None = None) -> list[str]:
+    # EXPLICIT: models load at start and on a (keyed) load call. POLL (poll_secs, notebook 6a's
+    # short demonstration only): Triton re-reads the repository every poll_secs and loads
+    # whatever changed there, and refuses load/unload calls.
+    control = (["--model-control-mode=poll", f"--repository-poll-secs={poll_secs:g}"] if poll_secs
+               else ["--model-control-mode=explicit", *[f"--load-model={n}" for n in names]])
     return [
         str(binary.server),
         f"--model-repository={repo}",
         f"--backend-directory={backends}",
-        "--model-control-mode=explicit",
+        *control,
         # The configs are complete: without this, every (re)load of a Python-backend model first
         # starts a stub just to ask model.py for a config (importing torch: ~5 s of a reload here).
         "--disable-auto-complete-config",
-        *[f"--load-model={n}" for n in names],
         f"--http-address={host}", f"--http-port={http_port}",
         f"--grpc-address={host}", f"--grpc-port={grpc_port}",
         f"--metrics-address={host}", f"--metrics-port={metrics_port}",
@@ -309,9 +314,11 @@ def start(repo: str | os.PathLike | None = None, *, models: Sequence[str] | None
           metrics_port: int = DEFAULT_METRICS_PORT, admin_key: str | None = None,
           workdir: str | os.PathLike | None = None, exit_timeout: int = EXIT_TIMEOUT_S,
           timeout: float = 240.0, log_verbose: int = 0, write_state: bool = True,
-          extra_args: Sequence[str] = (), quiet: bool = True, install_perf_shim: bool = True) -> TritonServer:
+          extra_args: Sequence[str] = (), quiet: bool = True, install_perf_shim: bool = True,
+          poll_secs: float | None = None) -> TritonServer:
     """Start the real tritonserver on ``repo`` (default models_staging/) and
-    wait until every model in ``models`` (default: all) is READY."""
+    wait until every model in ``models`` (default: all) is READY.
+    ``poll_secs``: POLL model control instead of EXPLICIT (see ``_command``)."""
     binary = find_install()
     source = Path(repo or paths.MODELS_STAGING).resolve()
     _check_ports(host, http_port, grpc_port, metrics_port)
@@ -326,7 +333,8 @@ def start(repo: str | os.PathLike | None = None, *, models: Sequence[str] | None
     log_path = workdir / "tritonserver.log"
     cmd = _command(binary, runtime_repo, backends, names, host=host, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, admin_key=admin_key, exit_timeout=exit_timeout,
-                   log_verbose=log_verbose, shm_prefix=shm_prefix, gpus=gpus, extra_args=extra_args)
+                   log_verbose=log_verbose, shm_prefix=shm_prefix, gpus=gpus, extra_args=extra_args,
+                   poll_secs=poll_secs)
     server = TritonServer(
         proc=_spawn(cmd, binary, workdir, log_path), host=host, http_port=http_port, grpc_port=grpc_port,
         metrics_port=metrics_port, admin_key=admin_key, workdir=workdir, repo=runtime_repo, source=source,

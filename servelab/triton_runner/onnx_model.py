@@ -90,14 +90,19 @@ class TritonPythonModel:
                     missing, filename, sorted(model_inputs), sorted(model_outputs)))
 
     def _warm_up(self, config):
-        """A few runs per session before serving: the first ones allocate memory."""
+        """A few runs of the extra sessions (one per core share, a local
+        device) before serving: the first runs allocate memory. The session an
+        instance uses alone (every core) is left cold, as the real onnxruntime
+        backend leaves its one session: the config's model_warmup warms it
+        through execute() while the model loads, or the first requests pay."""
+        sessions = [s for s in self.sessions.values() if s is not self.session]
         feeds = {}
         for spec, (name, dtype) in zip(config["input"], self.inputs):
             if dtype == np.object_:
                 return  # string inputs: no meaningful dummy
             dims = [max(1, int(d)) for d in spec.get("dims", [])]
             feeds[name] = np.zeros(([1] if self.max_batch_size > 0 else []) + dims, dtype=dtype)
-        for session in self.sessions.values():
+        for session in sessions:
             for _ in range(3):
                 session.run([n for n, _ in self.outputs], feeds)
 

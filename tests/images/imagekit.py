@@ -167,7 +167,7 @@ def images() -> dict[str, Image]:
               [str(p.relative_to(REPO)) for p in sorted(REPO.glob("models_staging/*/1/model.py"))]),
         Image("triton_cpu_repository", None, PY311_SLIM, ["-m servelab.node.compose"]),
         Image("jupyter", jup, _from(jup, PY311_SLIM), ["notebook:4_fastapi"], nb),
-        Image("jupyter-sdk", jup, _from(jup, TRITON_SDK), ["notebook:6_triton"], nb),
+        Image("jupyter-sdk", jup, _from(jup, TRITON_SDK), ["notebook:6_triton", "notebook:6a_triton_pipeline"], nb),
     )}
 
 
