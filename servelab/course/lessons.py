@@ -88,6 +88,8 @@ _LESSONS = (
     Lesson("5", "5_triton_setup", "node", "switch to the Triton stack"),
     Lesson("6", "6_triton", "container",
            "perf_analyzer, instance groups, ONNX backend, dynamic batching, queueing model", local=True),
+    Lesson("6b", "6b_model_analyzer", "container",
+           "Model Analyzer searches the configurations; the queueing model predicts its ranking", local=True),
     Lesson("7", "7_delete_resources", "chameleon", "delete the server, release its IP, end the lease"),
 )
 

@@ -55,7 +55,7 @@ KEPT_MIME = ("image/png", "text/plain")
 
 # Environment per scale and notebook (the notebooks read these; unset = the lesson's own counts).
 SCALES = {
-    "lesson": {"tour": 1.0, "4_fastapi": {}, "6_triton": {}},
+    "lesson": {"tour": 1.0, "4_fastapi": {}, "6_triton": {}, "6b_model_analyzer": {}},
     "reduced": {  # the notebook tests run at these sizes (tests/notebooks/test_measurement_notebooks.py)
         "tour": 0.3,
         "4_fastapi": {"SERVELAB_NB_SEQUENTIAL": "20", "SERVELAB_NB_CONCURRENT": "48", "SERVELAB_NB_SWEEP": "32"},
@@ -69,6 +69,12 @@ SCALES = {
             # the load sweep at reduced size: three points, short runs
             "SERVELAB_NB_SWEEP_SECONDS": "2", "SERVELAB_NB_SWEEP_FACTORS": "0.5,1.0,2.0",
             "SERVELAB_NB_BATCH_REQUESTS": "4",
+        },
+        # 6b: Model Analyzer on its smallest useful space (its default + one variant, 2 concurrencies)
+        "6b_model_analyzer": {
+            "SERVELAB_NB_MA_INSTANCES": "1", "SERVELAB_NB_MA_BATCH": "4", "SERVELAB_NB_MA_DELAYS": "0",
+            "SERVELAB_NB_MA_CONCURRENCY": "1,2", "SERVELAB_NB_MA_WINDOW": "16",
+            "SERVELAB_NB_BATCH_REQUESTS": "4", "SERVELAB_NB_VERIFY_REQUESTS": "24",
         },
     },
 }
