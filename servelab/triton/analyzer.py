@@ -259,6 +259,8 @@ class AnalyzerRun:
     seconds: float
     cleaned: list[str]
     log: Path
+    shm_prefix: str = ""
+    servers: list[int] = field(default_factory=list)   # PIDs of the tritonservers it started
 
     @property
     def results_csv(self) -> Path:
@@ -275,8 +277,9 @@ class AnalyzerRun:
         return results(self.run_dir, self.model)
 
 
-def _run(cmd: list[str], log: Path, timeout: float, shm_prefix: str) -> list[str]:
-    """Run one model-analyzer command in its own session; stop everything it started."""
+def _run(cmd: list[str], log: Path, timeout: float, shm_prefix: str, servers: list[int] | None = None) -> list[str]:
+    """Run one model-analyzer command in its own session; stop everything it started
+    (the PIDs of the tritonservers it started are added to ``servers``)."""
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=procs.child_env(), cwd=log.parent, start_new_session=True)
@@ -292,6 +295,8 @@ def _run(cmd: list[str], log: Path, timeout: float, shm_prefix: str) -> list[str
         raise
     finally:
         cleaned = left.stop()
+        if servers is not None:
+            servers += left.servers()
     if proc.returncode:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
         raise AnalyzerError(f"model-analyzer {cmd[1]} exited with {proc.returncode} (log: {log}):\n{tail}")
@@ -321,14 +326,15 @@ def profile(model: str, space: Space, budget_ms: float, *, source: Path | None =
     config_file.chmod(0o600)   # it holds the private server's admin key
     log = run_dir / "model-analyzer.log"
     t0 = time.monotonic()
-    cleaned = _run([str(exe), "profile", "-f", str(config_file)], log, timeout, shm_prefix)
+    servers: list[int] = []
+    cleaned = _run([str(exe), "profile", "-f", str(config_file)], log, timeout, shm_prefix, servers)
     if report:
         report_cfg = run_dir / "report.yaml"
         report_cfg.write_text(json.dumps({
             "checkpoint_directory": cfg["checkpoint_directory"], "export_path": cfg["export_path"],
-            "report_model_configs": [c for c in config_names(run_dir, model)][:3]}, indent=1))
-        cleaned += _run([str(exe), "report", "-f", str(report_cfg)], log, timeout, shm_prefix)
-    return AnalyzerRun(model, run_dir, space, budget_ms, time.monotonic() - t0, cleaned, log)
+            "report_model_configs": config_names(run_dir, model)[:3]}, indent=1))
+        cleaned += _run([str(exe), "report", "-f", str(report_cfg)], log, timeout, shm_prefix, servers)
+    return AnalyzerRun(model, run_dir, space, budget_ms, time.monotonic() - t0, cleaned, log, shm_prefix, servers)
 
 
 # --------------------------------------------------------------------------
