@@ -100,6 +100,11 @@ SOURCES = {
         "inputs already on the GPU, median of 100 runs after warm-up; copying inputs there and back "
         "added 0.0-0.3 ms at b=1 and 0.9 ms at b=16. The script that measured it is not in the kit",
     ),
+    "kit-ma-spike": Source(
+        "this kit (ServeLab)", "CPU reference: the 2-core x86 machine the kit is tested on, no GPU",
+        "issue 32 of this kit (its spike, 2026-11-26): Model Analyzer 1.58.0's summary for food_classifier_onnx",
+        "3 instance configurations x concurrency 1 and 2, local launch mode against the kit's tritonserver 2.51",
+    ),
     "derived": Source("arithmetic on the figures above", "-", "the formula given with the figure", "-"),
 }
 
@@ -212,6 +217,8 @@ _FIGURES = [
     _fig("h100_b16_ms", 2.8, "ms", "PyTorch fp32 forward pass, batch of 16, NVIDIA H100 (GPU_REFERENCE_MS[16] = 2.80)",
          "kit-gpu-batchcost"),
 ]
+_FIGURES.append(_fig("ma_spike_default_ips", 203, "infer/s", "Model Analyzer's default configuration of "
+                     "food_classifier_onnx, as its summary reported it (\"about 203 infer/s\")", "kit-ma-spike"))
 FIGURES: dict[str, Figure] = {f.name: f for f in _FIGURES}
 if len(FIGURES) != len(_FIGURES):
     raise ValueError("duplicate figure names")
@@ -247,6 +254,8 @@ KEYS: list[Key] = [
     Key("6_triton", "dynamic batching, steady and bursty arrivals",
         ("onnx_c1_compute_ms", "onnx_db_rate"),
         settings=(2, 0.5, 1.0, 1, 16)),
+    Key("6b_model_analyzer", "what the model predicts", ("h100_b1_ms", "h100_b16_ms"), settings=(2, 16, 1)),
+    Key("6b_model_analyzer", "agreement", ("ma_spike_default_ips",), settings=(3, 32, 0, 1, 2, 1.5)),
 ]
 
 # Paragraphs outside the answer keys that quote figures about another system
