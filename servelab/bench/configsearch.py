@@ -29,9 +29,21 @@ from __future__ import annotations
 
 import heapq
 import math
+import os
 from typing import Iterable, Mapping, Sequence
 
+from servelab.bench import validity
 from servelab.bench.queueing import BatchCost
+
+
+def machine_watch() -> validity.Watch:
+    """A ``validity.Watch`` for a run of a tool this process starts (Model Analyzer): every
+    process of the run is a child of this one, so the CPU they use counts as the run's and
+    everything else that used the CPU meanwhile is other work (``verdict()`` after the run)."""
+    watch = validity.Watch()
+    watch.pids, watch.judged = [os.getpid()], True
+    watch._start()
+    return watch
 
 
 def key(cfg: Mapping) -> tuple[int, int, int]:
