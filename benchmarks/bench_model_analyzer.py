@@ -22,9 +22,9 @@ MODEL = "food_classifier_onnx"
 def main(argv=None) -> int:
     ap = script.Parser(__doc__)
     ap.sized("--instances", type=str, full="1,2", quick="1,2", tiny="1", help="copies, comma-separated")
-    ap.sized("--batch", type=str, full="1,4,16", quick="1,16", tiny="4", help="max batch sizes (1 = batching off)")
+    ap.sized("--batch", type=str, full="1,8", quick="1,16", tiny="4", help="max batch sizes (1 = batching off)")
     ap.sized("--delays", type=str, full="0,2000", quick="0", tiny="0", help="queue delays, microseconds")
-    ap.sized("--concurrency", type=str, full="1,2,4,8,16", quick="1,4,16", tiny="1", help="perf_analyzer's clients")
+    ap.sized("--concurrency", type=str, full="1,4,16", quick="1,4,16", tiny="1", help="perf_analyzer's clients")
     ap.sized("--window", type=int, full=50, quick=25, tiny=10, help="requests per perf_analyzer window")
     ap.sized("--batch-requests", type=int, full=20, quick=8, tiny=4, help="client batches per size for S(b)")
     ap.add_argument("--budget-ms", type=float, default=300.0, help="p99 budget")

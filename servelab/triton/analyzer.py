@@ -82,8 +82,9 @@ class Space:
     concurrency: Sequence[int] = (1, 2, 4, 8, 16)
 
     def configs(self) -> list[dict]:
-        """The variants, as dicts {instances, max_batch_size, queue_delay_us}, in Model Analyzer's order
-        is not promised: match them by their values (see :func:`results`)."""
+        """The variants, as dicts {instances, max_batch_size, queue_delay_us}. Model Analyzer numbers
+        its own (``<model>_config_N``) in an order of its choosing: match them by these values,
+        which :func:`results` reads back from the configs it wrote."""
         out = []
         for n in self.instances:
             for b in self.max_batch_sizes:
