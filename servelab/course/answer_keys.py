@@ -107,6 +107,11 @@ SOURCES = {
         "closed-loop run, 2 loads per warm-up arm, an 8 s rollout) against the local Triton 2.51, 2026-11-26",
         "models_staging as shipped: food_pipeline, food_classifier (1 copy), food_classifier_onnx (1 copy)",
     ),
+    "kit-ma-spike": Source(
+        "this kit (ServeLab)", "CPU reference: the 2-core x86 machine the kit is tested on, no GPU",
+        "issue 32 of this kit (its spike, 2026-11-26): Model Analyzer 1.58.0's summary for food_classifier_onnx",
+        "3 instance configurations x concurrency 1 and 2, local launch mode against the kit's tritonserver 2.51",
+    ),
     "derived": Source("arithmetic on the figures above", "-", "the formula given with the figure", "-"),
 }
 
@@ -247,6 +252,8 @@ _FIGURES += [
          "rollout_v1 - rollout_stats_v1"),
 ]
 
+_FIGURES.append(_fig("ma_spike_default_ips", 203, "infer/s", "Model Analyzer's default configuration of "
+                     "food_classifier_onnx, as its summary reported it (\"about 203 infer/s\")", "kit-ma-spike"))
 FIGURES: dict[str, Figure] = {f.name: f for f in _FIGURES}
 if len(FIGURES) != len(_FIGURES):
     raise ValueError("duplicate figure names")
@@ -297,6 +304,8 @@ KEYS += [
         ("warm_first_without_ms", "warm_first_with_ms", "warm_steady_ms", "rollout_ok", "rollout_rate",
          "rollout_v1", "rollout_v2", "rollout_stats_v1", "rollout_unseen"),
         settings=(2, 8, 0, 1)),
+    Key("6b_model_analyzer", "what the model predicts", ("h100_b1_ms", "h100_b16_ms"), settings=(2, 16, 1)),
+    Key("6b_model_analyzer", "agreement", ("ma_spike_default_ips",), settings=(3, 32, 0, 1, 2, 1.5)),
 ]
 
 # Paragraphs outside the answer keys that quote figures about another system

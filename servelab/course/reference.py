@@ -55,7 +55,7 @@ KEPT_MIME = ("image/png", "text/plain")
 
 # Environment per scale and notebook (the notebooks read these; unset = the lesson's own counts).
 SCALES = {
-    "lesson": {"tour": 1.0, "4_fastapi": {}, "6_triton": {}, "6c_scale_out": {}},
+    "lesson": {"tour": 1.0, "4_fastapi": {}, "6_triton": {}, "6b_model_analyzer": {}, "6c_scale_out": {}},
     "reduced": {  # the notebook tests run at these sizes (tests/notebooks/test_measurement_notebooks.py)
         "tour": 0.3,
         "4_fastapi": {"SERVELAB_NB_SEQUENTIAL": "20", "SERVELAB_NB_CONCURRENT": "48", "SERVELAB_NB_SWEEP": "32"},
@@ -80,6 +80,12 @@ SCALES = {
         "6a_triton_pipeline": {  # tests/notebooks/test_6a_triton_pipeline.py
             "SERVELAB_NB6A_REQUESTS": "24", "SERVELAB_NB6A_SWEEP_SECONDS": "2", "SERVELAB_NB6A_SWEEP_FACTORS": "0.5,1.0",
             "SERVELAB_NB6A_WARMUP_ROUNDS": "2", "SERVELAB_NB6A_ROLLOUT_SECONDS": "8",
+        },
+        # 6b: Model Analyzer on its smallest useful space (its default + one variant, 2 concurrencies)
+        "6b_model_analyzer": {
+            "SERVELAB_NB_MA_INSTANCES": "1", "SERVELAB_NB_MA_BATCH": "4", "SERVELAB_NB_MA_DELAYS": "0",
+            "SERVELAB_NB_MA_CONCURRENCY": "1,2", "SERVELAB_NB_MA_WINDOW": "16",
+            "SERVELAB_NB_BATCH_REQUESTS": "4", "SERVELAB_NB_VERIFY_REQUESTS": "24",
         },
     },
 }

@@ -97,6 +97,12 @@ EXPECTED = {
                    and all(c["status"] in ("pass", "fail", "inconclusive") for c in d["idle"]["rounds"][0]["checks"])
                    and len(d["idle"]["rounds"][0]["runs"]) == 4),
     ),
+    "bench_model_analyzer.py": (
+        [], {0},  # --tiny: Model Analyzer's default and one variant at one client
+        ["S(b): b=1:", "model's ranking:", "tool's ranking:", "| configuration | tool rank | model rank |",
+         "agreement:", "machine during the profile:"],
+        lambda d: len(d["comparison"]["rows"]) == 2 and all(r["predicted_throughput"] for r in d["comparison"]["rows"]),
+    ),
     "reload_under_load.py": (
         ["--model", "food_classifier_onnx"], {0},
         ["reload 1:", "reload 2:", "reload 3:", "latency: baseline", "verdict: PASS"],
