@@ -20,16 +20,18 @@ from servelab.core import procs, scaling
 from servelab.local import scale
 from servelab.triton.state import state_path
 
-NEEDS_BINARIES = pytest.mark.skipif(
-    not (Path(scale.HAPROXY).exists() and Path(scale.PROMTOOL).exists() and Path(scale.PROMETHEUS).exists()),
-    reason="haproxy/prometheus missing: `make sysdeps` installs them")
+
+@pytest.fixture(autouse=True, scope="module")
+def binaries():
+    """The real HAProxy and Prometheus, never a skip: `make test` installs them (`make sysdeps`)."""
+    missing = [b for b in (scale.HAPROXY, scale.PROMTOOL, scale.PROMETHEUS) if not Path(b).exists()]
+    assert not missing, f"missing {missing}: `make sysdeps` installs Debian's haproxy and prometheus"
 
 
 # --------------------------------------------------------------------------
 # Configs: generated, and judged by the real binaries (whose exit codes mean something)
 # --------------------------------------------------------------------------
 
-@NEEDS_BINARIES
 def test_generated_configs_validate_and_broken_ones_do_not(tmp_path):
     hap = tmp_path / "haproxy.cfg"
     hap.write_text(scale.haproxy_config([("r0", "127.0.0.1:9000"), ("r1", "127.0.0.1:9001")],
@@ -64,7 +66,6 @@ def test_core_shares_split_the_cores_equally():
         scale.core_shares(0, [0])
 
 
-@NEEDS_BINARIES
 def test_committed_node_configs_are_the_generated_ones_and_validate(tmp_path):
     for name, text in scale.node_configs().items():
         committed = scale.NODE_CONFIG_DIR / name
@@ -105,8 +106,6 @@ def _shm(prefixes: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    if not Path(scale.HAPROXY).exists():
-        pytest.skip("haproxy missing: `make sysdeps`")
     workdir = tmp_path_factory.mktemp("scale")
     state = workdir / "state.json"
     st = scale.start(2, single=False, workdir=workdir, scrape_interval="1s", state_file=state, log=None)
@@ -116,7 +115,6 @@ def lab(tmp_path_factory):
         scale.stop(st)
 
 
-@NEEDS_BINARIES
 def test_prometheus_metric_equals_tritons_own_statistics(lab):
     """servelab.core.scaling.promql(), evaluated by Prometheus over a window that holds a whole burst,
     gives the same queue time per request as Triton's /stats (both replicas summed)."""
@@ -162,7 +160,6 @@ def test_prometheus_metric_equals_tritons_own_statistics(lab):
         scaling.query(lab.urls["prometheus"], "sum(delta(")
 
 
-@NEEDS_BINARIES
 def test_grpc_goes_through_haproxy_too(lab):
     """HTTP/2 end to end: tritonclient.grpc through each gRPC frontend; round-robin alternates."""
     import tritonclient.grpc as grpcclient
@@ -193,7 +190,6 @@ def test_grpc_goes_through_haproxy_too(lab):
             assert counts == [3, 3], counts
 
 
-@NEEDS_BINARIES
 def test_a_killed_replica_is_drained_and_nothing_fails_after_the_check_trips(lab):
     """Closed loop of 4 clients through the least-connections frontend; replica1's whole process
     group (wrapper, tritonserver, stubs) is SIGKILLed mid-run. Requests that fail do so before
@@ -246,7 +242,6 @@ def test_a_killed_replica_is_drained_and_nothing_fails_after_the_check_trips(lab
     assert not _shm([prefix]), "the killed replica's shared memory was not reaped"
 
 
-@NEEDS_BINARIES
 def test_cli_up_then_down_stops_everything_and_leaves_no_shared_memory(tmp_path):
     """`servelab scale up --replicas 1` returns with the lab running (its processes outlive the
     command, as after `servelab up`); `servelab down` stops every one of them."""
