@@ -137,8 +137,11 @@ def test_pack_keeps_only_what_the_gpu_machine_needs(selection):
     assert not any(a.startswith(("site/pytriton/client/", "site/pytriton/triton.py", "site/tritonclient/http/"))
                    for a in arcs)
     assert not any("__pycache__" in a or a.endswith(".pyc") for a in arcs)
-    for pkg in ("fastapi", "starlette", "pydantic", "uvicorn", "tritonclient/grpc", "google/protobuf"):
+    for pkg in ("fastapi", "starlette", "pydantic", "uvicorn", "tritonclient/grpc"):
         assert any(a.startswith(f"site/{pkg}/") for a in arcs), pkg
+    # protobuf 4 has a folder of its own: the models phase must not see it (see the prefix test)
+    assert any(a.startswith("pb/google/protobuf/") for a in arcs)
+    assert not any(a.startswith("site/google/protobuf/") for a in arcs)
     assert any("pydantic-core" in n and "not downloaded" in n for n in selection.notes)
     # pytriton's own package is a stand-in: importing it must not need pytriton's dependencies
     init = next(i for i in selection.items if i.arc == "site/pytriton/__init__.py")
@@ -238,7 +241,7 @@ def test_the_prefix_gives_an_isolated_interpreter_the_repository_and_site_packag
     (pack_root / "site" / "marker_np").mkdir(parents=True)
     for d in ("np", "site"):
         (pack_root / d / "marker_np" / "__init__.py").write_text(f"WHERE = {d!r}\n")
-    python = runner.make_prefix(tmp_path / "py", pack_root, stub_numpy=True)
+    python = runner.make_prefix(tmp_path / "py", pack_root, ("np", "site"))
     code = "import sys, servelab, marker_np, torch; print(servelab.__file__, marker_np.WHERE, sys.prefix)"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([str(python), "-I", "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -246,10 +249,38 @@ def test_the_prefix_gives_an_isolated_interpreter_the_repository_and_site_packag
     where, marker, prefix = proc.stdout.split()
     assert where == str(paths.REPO_ROOT / "servelab" / "__init__.py")
     assert marker == "np" and prefix == str(tmp_path / "py")  # np/ comes before site/
-    plain = runner.make_prefix(tmp_path / "py2", pack_root, stub_numpy=False)
+    plain = runner.make_prefix(tmp_path / "py2", pack_root, ("site",))
     out = subprocess.run([str(plain), "-I", "-c", "import marker_np; print(marker_np.WHERE)"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.stdout.strip() == "site"
+
+
+def test_only_the_models_phase_sees_the_machines_protobuf(tmp_path):
+    """tritonclient's gRPC needs protobuf < 5 (the pack's pb/), but torch.onnx.export imports the
+    machine's onnx, which needs the machine's newer protobuf. The first GPU run (H200, 2026-11-26)
+    failed `models` with "cannot import name 'runtime_version' from 'google.protobuf'" when the
+    pack's protobuf came first for every phase."""
+    pack_root = tmp_path / "pack"
+    fake = pack_root / "pb" / "google" / "protobuf"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("__version__ = 'from-the-pack'\n")
+    (pack_root / "site").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    seen = {}
+    for phase in runner.PHASES:
+        python = runner.make_prefix(tmp_path / f"py-{phase.name}", pack_root, phase.pack_dirs)
+        proc = subprocess.run([str(python), "-I", "-c", "import google.protobuf as p; print(p.__version__)"],
+                              capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        seen[phase.name] = proc.stdout.strip()
+        in_path = str(fake.parent.parent) in runner.phase_env(pack_root, phase, "cpu")["PYTHONPATH"].split(os.pathsep)
+        assert in_path == (phase.name != "models"), phase.name
+    import google.protobuf
+
+    assert seen.pop("models") == google.protobuf.__version__
+    assert set(seen.values()) == {"from-the-pack"}
+    # a Triton is started by these phases: its stub needs numpy 1.26 first
+    assert {p.name for p in runner.PHASES if p.stub_numpy} == {"triton", "tour", "cuda_tests"}
 
 
 def test_reap_kills_only_what_a_phase_left_under_its_work_folder(tmp_path):

@@ -32,12 +32,13 @@ def main(out: Path | None = None, pack_dir: Path | None = packmod.DEFAULT_DIR, d
     except (RuntimeError, OSError, tarfile.TarError) as err:
         root, pack_note = None, f"the pack could not be unpacked ({err}): using this interpreter's packages"
     print(f"  pack: {pack_note}", flush=True)
-    pythons: dict[bool, Path] = {}
-    for stub_numpy in (False, True):
+    pythons: dict[tuple[str, ...], Path] = {}  # one prefix per set of pack folders (Phase.pack_dirs)
+    for dirs in dict.fromkeys(p.pack_dirs for p in runner.PHASES):
         try:
-            pythons[stub_numpy] = runner.make_prefix(work / f"py-{int(stub_numpy)}", root, stub_numpy)
+            pythons[dirs] = runner.make_prefix(work / f"py-{'-'.join(dirs)}", root, dirs)
         except OSError as err:
             pack_note += f"; no prefix ({err}): phases run on {sys.executable} with PYTHONPATH (stubs miss the pack)"
+            break
     sampler = runner.Sampler(out / "samples.csv", use_gpu=device != "cpu")
     sampler.start()
     results: list[dict] = []
@@ -55,7 +56,7 @@ def main(out: Path | None = None, pack_dir: Path | None = packmod.DEFAULT_DIR, d
                 continue
             sampler.phase = phase.name
             print(f"[{phase.name}] started (limit {limit:.0f} s)", flush=True)
-            python = pythons.get(phase.stub_numpy)
+            python = pythons.get(phase.pack_dirs)
             res = runner.run_phase(phase, limit, runner.phase_env(root, phase, device), work, device, tiny, python)
             sampler.phase = "between"
             results.append(res)

@@ -13,7 +13,10 @@ folder in archive  what                                                    from
                    libpython); an empty ``pytriton`` package in place
                    of pytriton's Python API (only its location is used)
 ``site/``          fastapi, starlette, pydantic, uvicorn, fastapi-offline, this venv
-                   tritonclient (gRPC, for the model config), protobuf 4
+                   tritonclient (gRPC, for the model config)
+``pb/``            protobuf 4, which tritonclient's gRPC needs (< 5); kept  this venv
+                   apart because the machine's onnx needs its own newer
+                   protobuf to export the model (``runner.Phase.protobuf4``)
 ``site/``          pydantic_core, python-rapidjson                          cp312 wheels
 ``np/``            numpy 1.26.4, for the Triton stub (the machine's numpy  cp312 wheel
                    2 stays for everything else)
@@ -58,6 +61,8 @@ STUB_PYTHON = "3.12"  # the lent machine's python3 (/work/.library/device/KINDS.
 VENV_DISTS = ("fastapi", "starlette", "pydantic", "annotated-types", "typing-inspection", "typing-extensions",
               "annotated-doc", "fastapi-offline", "uvicorn", "python-multipart", "opentelemetry-api",
               "tritonclient", "protobuf")
+# Distributions that get a folder of their own, put on a phase's path only where it needs them.
+DIST_FOLDER = {"protobuf": "pb"}
 # Compiled distributions fetched as cp312 wheels: name -> (version, folder in the archive).
 # pydantic_core must be the version this venv's pydantic pins; numpy < 2 for the Triton stub.
 WHEELS = {"pydantic-core": (None, "site"), "python-rapidjson": (None, "site"), "numpy": ("1.26.4", "np")}
@@ -96,7 +101,7 @@ class Selection:
         out: dict[str, int] = {}
         for i in self.items:
             parts = i.arc.split("/")
-            key = "/".join(parts[:2]) if parts[0] in ("site", "np") and len(parts) > 2 else parts[0]
+            key = "/".join(parts[:2]) if parts[0] in ("site", "np", "pb") and len(parts) > 2 else parts[0]
             if key.endswith(".dist-info"):
                 key = parts[0] + "/*.dist-info"
             out[key] = out.get(key, 0) + i.size
@@ -147,7 +152,7 @@ def dist_items(sel: Selection, name: str) -> None:
             continue  # the kit's GPU run reaches Triton through perf_analyzer and gRPC only
         path = Path(dist.locate_file(f))
         if path.is_file():
-            sel.add_file(path, f"site/{rel}")
+            sel.add_file(path, f"{DIST_FOLDER.get(name, 'site')}/{rel}")
 
 
 def perf_items(sel: Selection) -> None:

@@ -55,15 +55,23 @@ class Phase:
     gpu_s: float    # time limit on the GPU machine
     tiny_s: float   # time limit in the dry run
     stub_numpy: bool = False  # numpy 1.26 first on the path (the Triton stub needs it)
+    # The pack's protobuf 4 (pb/) before the machine's: tritonclient's gRPC needs protobuf < 5.
+    # Not for `models`: the machine's onnx, which torch.onnx.export imports, needs its own newer one.
+    protobuf4: bool = True
+
+    @property
+    def pack_dirs(self) -> tuple[str, ...]:
+        """The pack's folders this phase puts on its path, in order."""
+        return ("np",) * self.stub_numpy + ("pb",) * self.protobuf4 + ("site",)
 
 
 PHASES = (
     Phase("probe", 45, 45),
-    Phase("models", 90, 90),
+    Phase("models", 90, 90, protobuf4=False),
     Phase("fastapi", 60, 90),
     Phase("triton", 150, 150, stub_numpy=True),
     Phase("tour", 120, 90, stub_numpy=True),
-    Phase("cuda_tests", 60, 60),
+    Phase("cuda_tests", 60, 60, stub_numpy=True),  # tests/triton/test_cuda.py starts a Triton
 )
 PHASE_NAMES = tuple(p.name for p in PHASES)
 OUT_FILES = ("summary.md", "results.json", "log.txt", "samples.csv", "perf.txt", "tour-report.md",
@@ -100,10 +108,11 @@ def unpack(pack_dir: Path | None, dest: Path) -> tuple[Path | None, str]:
     return dest, f"unpacked {archive} ({size:.1f} MiB) in {time.perf_counter() - t0:.1f} s"
 
 
-def make_prefix(dest: Path, root: Path | None, stub_numpy: bool) -> Path:
+def make_prefix(dest: Path, root: Path | None, dirs: tuple[str, ...] = ("pb", "site")) -> Path:
     """A minimal virtual environment (``pyvenv.cfg``, ``bin/python3``) whose one ``.pth`` file
-    puts, in order: numpy 1.26 (``stub_numpy``), the pack's packages, the repository, then this
-    interpreter's own site-packages (torch and the rest). Returns its python.
+    puts, in order: the pack's folders ``dirs`` (``Phase.pack_dirs``: numpy 1.26, protobuf 4,
+    the rest), the repository, then this interpreter's own site-packages (torch and the rest).
+    Returns its python.
 
     Why not PYTHONPATH: Triton's Python-backend stub starts an isolated interpreter that ignores
     the environment's PYTHONPATH; it takes ``python3`` from PATH and that interpreter's
@@ -125,8 +134,7 @@ def make_prefix(dest: Path, root: Path | None, stub_numpy: bool) -> Path:
     purelib.mkdir(parents=True, exist_ok=True)
     lines = []
     if root is not None:
-        lines += [str(root / "np")] if stub_numpy else []
-        lines += [str(root / "site")]
+        lines += [str(root / d) for d in dirs]
     lines.append(str(paths.REPO_ROOT))
     for sp in dict.fromkeys([*site.getsitepackages(), sysconfig.get_path("purelib")]):
         if Path(sp).is_dir() and Path(sp) != purelib:
@@ -141,9 +149,7 @@ def phase_env(root: Path | None, phase: Phase, device: str) -> dict[str, str]:
     env = dict(os.environ)
     extra = [str(paths.REPO_ROOT)]
     if root is not None:
-        if phase.stub_numpy:
-            extra.insert(0, str(root / "np"))
-        extra.append(str(root / "site"))
+        extra = [str(root / d) for d in phase.pack_dirs] + extra
         env["PATH"] = os.pathsep.join([str(root / "bin"), env.get("PATH", "")])
     else:  # this venv's perf_analyzer (the real binary: the phases run on another bin/)
         from servelab.triton import perf

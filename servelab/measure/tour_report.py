@@ -197,7 +197,8 @@ def _headlines(t: Tour, meta: dict) -> list[str]:
     if "fastapi_onnx_vs_pt_c16" in f:
         L.append(f"- FastAPI ONNX vs PyTorch throughput: {f['fastapi_onnx_vs_pt_sequential']:.2f}× sequential, "
                  f"{f['fastapi_onnx_vs_pt_c16']:.2f}× with 16 clients. PyTorch with 16 clients vs sequential: "
-                 f"{f['fastapi_pt_c16_vs_seq']:.2f}× (one server process queues requests; it does not serve them faster).")
+                 f"{f['fastapi_pt_c16_vs_seq']:.2f}× (16 clients, far from 16× the throughput: one server "
+                 "process queues what it cannot overlap).")
     for c in t.cfg.concurrency:
         k = f"triton_py_2v1_throughput_c{c}"
         if k in f:
