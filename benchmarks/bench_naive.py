@@ -19,8 +19,10 @@ photo for Triton.
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_naive.py [--rounds 2] [--quick | --tiny] [--json out.json]
 
 Each figure is the best of ``--rounds`` (other load can only slow a round
-down), and kit and references alternate inside every round, in an order and
-then its reverse (ABBA; ABCCBA with two references), so a ratio compares
+down). FastAPI's sequential requests go to kit and references in turn, one
+request each (the first side rotating), so a ratio compares latencies taken
+milliseconds apart. Elsewhere kit and references alternate inside every round,
+in an order and then its reverse (ABBA; ABCCBA with two references), so a ratio compares
 figures taken a few seconds apart and a host that changes speed between them
 (this shared VM drifts by up to 1.5x within a minute) weighs on both sides; in
 Triton every configuration in a ratio is loaded at once (no reload between two
@@ -118,6 +120,26 @@ def notebook_loop(url: str, payload: dict, n: int, clients: int) -> dict:
     return out
 
 
+def interleaved_sequential(urls: dict[str, str], payload: dict, n: int) -> dict[str, dict]:
+    """The sequential runs of every side at once, one request at a time in turn (kit, plain,
+    shared; the first side rotates each turn). A host that drifts in speed (this shared VM: up to
+    1.5x within a minute) then weighs on every side alike, even within one run; throughput is
+    requests / summed latency, the notebook's loop without the gaps between sides."""
+    keys = list(urls)
+    lat: dict[str, list] = {k: [] for k in keys}
+    for i in range(n):
+        for key in keys[i % len(keys):] + keys[:i % len(keys)]:
+            lat[key].append(post_once(urls[key], payload))
+    out = {}
+    for key, values in lat.items():
+        ok = [v for v in values if v is not None]
+        r = script.summary(ok or [NAN])
+        r["count"], r["failed"] = len(ok), len(values) - len(ok)
+        r["throughput"] = len(ok) / sum(ok) if ok else NAN
+        out[key] = r
+    return out
+
+
 def bench_fastapi(args, log_dir: Path, payload: dict, servers: dict) -> dict:
     specs = {}
     for backend, model in (("onnx", REPO / "fastapi_onnx" / "food11.onnx"), ("pt", REPO / "fastapi_pt" / "food11.pth")):
@@ -135,12 +157,14 @@ def bench_fastapi(args, log_dir: Path, payload: dict, servers: dict) -> dict:
             sides = [f"kit_{backend}", *(f"{ref}_{backend}" for ref in REFS)]
             for key in sides:   # warm every side (first requests allocate)
                 notebook_loop(servers[key].url, payload, args.warmup, 1)
-            for mode, n, clients in (("seq", args.requests, 1), ("c16", args.concurrent_requests, 16)):
-                for key in sides if args.size == "tiny" else abba(sides):
-                    r = notebook_loop(servers[key].url, payload, n, clients)
-                    runs[f"{key}/{mode}"].append(r)
-                    print(f"  {key:11} {mode:4} {r['throughput']:6.1f} req/s  p50 {r['p50_ms']:6.1f} ms  "
-                          f"p95 {r['p95_ms']:6.1f} ms  ({r['count']} ok, {r['failed']} failed)", flush=True)
+            # sequential: one request per side in turn; 16 clients: whole runs, ABBA
+            seq = interleaved_sequential({k: servers[k].url for k in sides}, payload, args.requests)
+            c16 = ((key, notebook_loop(servers[key].url, payload, args.concurrent_requests, 16))
+                   for key in (sides if args.size == "tiny" else abba(sides)))
+            for key, mode, r in [*((k, "seq", seq[k]) for k in sides), *((k, "c16", r) for k, r in c16)]:
+                runs[f"{key}/{mode}"].append(r)
+                print(f"  {key:11} {mode:4} {r['throughput']:6.1f} req/s  p50 {r['p50_ms']:6.1f} ms  "
+                      f"p95 {r['p95_ms']:6.1f} ms  ({r['count']} ok, {r['failed']} failed)", flush=True)
     return {k: script.best(v) for k, v in runs.items()} | {"runs": runs}
 
 

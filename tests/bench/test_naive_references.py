@@ -134,3 +134,29 @@ def test_plain_triton_model_answers_like_the_kit(threads, kit_answers, tmp_path,
     for (label, prob), kit in zip(rows, kit_answers):
         assert label == kit.label and prob == pytest.approx(kit.probability, abs=2e-3)
     assert [label for label, _ in paired_rows] == [label for label, _ in rows[:len(paired_rows)]]
+
+
+def _bench_naive():
+    spec = importlib.util.spec_from_file_location("bench_naive_under_test", REPO / "benchmarks" / "bench_naive.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sequential_sides_take_turns_so_a_drifting_host_weighs_on_each_alike(monkeypatch):
+    """Three equally fast sides on a host that slows down 3x during the run: taken in turn, one
+    request each, their throughputs agree; whole runs one after another would differ ~2x."""
+    bench = _bench_naive()
+    calls = []
+
+    def post_once(url, payload):
+        calls.append(url)
+        return 0.010 * (1 + 2 * len(calls) / 300)   # 10 ms at the start, 30 ms at the end
+
+    monkeypatch.setattr(bench, "post_once", post_once)
+    out = bench.interleaved_sequential({"kit": "k", "plain": "p", "shared": "s"}, {}, 100)
+    assert [calls.count(u) for u in "kps"] == [100, 100, 100]
+    assert calls[:6] == ["k", "p", "s", "p", "s", "k"]   # the first side rotates
+    rates = [out[k]["throughput"] for k in ("kit", "plain", "shared")]
+    assert max(rates) / min(rates) < 1.02, rates
+    assert all(out[k]["count"] == 100 and out[k]["failed"] == 0 for k in out)
