@@ -33,6 +33,15 @@ model-repository API (it loads every variant through it). Its private server lis
 on 127.0.0.1 only, with shared-memory, logging and trace still behind a fresh key;
 the model-repository API is open on loopback for that server alone, for as long as
 the profile runs. The kit's own Triton keeps all four keyed.
+
+On the Chameleon node (:func:`node_config`, :func:`node_server_command`; the
+``analyzer`` profile of ``docker/docker-compose-analyzer.yaml``): the Triton 24.10
+SDK image's own Model Analyzer (1.45.0, the Jupyter image of the Triton stack) runs
+in *remote* launch mode. The SDK image has no tritonserver, so local mode cannot run
+there. Its server is a Triton of its own (``triton_analyzer``, the kit's Triton image)
+that listens on 127.0.0.1 inside its container and publishes no port; the Model
+Analyzer container shares that network namespace, so only the two reach it. The
+same three APIs stay keyed; the model-repository API is open on that loopback only.
 """
 
 from __future__ import annotations
@@ -115,9 +124,7 @@ def analyzer_config(model: str, run_dir: Path, repo: Path, backends: Path, space
                     perf_flags: dict | None = None, kind: str = "KIND_CPU") -> dict:
     """Model Analyzer's profile config (a dict; JSON is YAML) for a brute search of ``space``."""
     http, grpc, metrics = ports
-    batch_sizes = sorted({c["max_batch_size"] for c in space.configs()})
-    delays = sorted({int(d) for d in space.queue_delays_us})
-    restricted = f"{','.join(KEYED_APIS)}:{HTTP_ADMIN_HEADER}={admin_key}"
+    restricted = restricted_apis(admin_key)
     return {
         "model_repository": str(repo),
         "output_model_repository_path": str(run_dir / "output_models"),
@@ -144,6 +151,20 @@ def analyzer_config(model: str, run_dir: Path, repo: Path, backends: Path, space
             "exit-timeout-secs": "3",
         },
         "triton_server_environment": _server_environment(),
+        **_search(model, space, budget_ms, perf_flags, kind),
+    }
+
+
+def restricted_apis(admin_key: str) -> str:
+    """The value of ``--http-restricted-api`` / ``--grpc-restricted-protocol`` for a server
+    Model Analyzer talks to: the three APIs it never calls, behind ``admin_key``."""
+    return f"{','.join(KEYED_APIS)}:{HTTP_ADMIN_HEADER}={admin_key}"
+
+
+def _search(model: str, space: Space, budget_ms: float, perf_flags: dict | None, kind: str) -> dict:
+    """The part of the profile config that is the same in every launch mode: a brute
+    search of ``space`` under a p99 budget, ranked by throughput."""
+    return {
         "perf_analyzer_flags": dict(perf_flags or {}),
         "run_config_search_disable": True,    # brute search over the listed values
         "collect_cpu_metrics": True,
@@ -154,13 +175,84 @@ def analyzer_config(model: str, run_dir: Path, repo: Path, backends: Path, space
             model: {
                 "model_config_parameters": {
                     "instance_group": [[{"kind": kind, "count": [int(n) for n in space.instances]}]],
-                    "max_batch_size": batch_sizes,
-                    "dynamic_batching": {"max_queue_delay_microseconds": delays},
+                    "max_batch_size": sorted({c["max_batch_size"] for c in space.configs()}),
+                    "dynamic_batching": {
+                        "max_queue_delay_microseconds": sorted({int(d) for d in space.queue_delays_us})},
                 },
                 "parameters": {"concurrency": [int(c) for c in space.concurrency]},
             },
         },
     }
+
+
+# --------------------------------------------------------------------------
+# On the Chameleon node: the SDK image's Model Analyzer, remote launch mode, a private Triton
+
+NODE_MODEL = "food_classifier_onnx"
+NODE_SPACE = Space(instances=(1, 2), max_batch_sizes=(1, 8), queue_delays_us=(0, 2000), concurrency=(1, 4, 16))
+NODE_BUDGET_MS = 300.0
+NODE_CLONE = "/home/jovyan/serve-system-chi"     # the clone inside the Jupyter image (docker-compose-triton.yaml)
+NODE_MODELS = "/models"                          # models_staging, bind-mounted read-only
+NODE_RUN_DIR = f"build/model-analyzer/node-{NODE_MODEL}"   # relative to the clone: results land in it
+NODE_CONFIG = paths.REPO_ROOT / "docker" / "analyzer" / f"{NODE_MODEL}.yaml"
+NODE_PORTS = (8000, 8001, 8002)                  # inside triton_analyzer's own network namespace
+
+
+def node_server_command(admin_key: str = "${TRITON_ADMIN_KEY}") -> list[str]:
+    """The command of ``triton_analyzer``, the Triton that the SDK image's Model Analyzer
+    profiles in remote mode: explicit model control (it loads each variant with a config
+    override), nothing loaded at start, every endpoint on 127.0.0.1, the three APIs it
+    never calls behind the stack's admin key. ``docker-compose-analyzer.yaml`` holds this
+    list; a test keeps the two equal."""
+    http, grpc, metrics = NODE_PORTS
+    restricted = restricted_apis(admin_key)
+    return [
+        "tritonserver",
+        f"--model-repository={NODE_MODELS}",
+        "--model-control-mode=explicit",
+        "--exit-on-error=false",
+        "--strict-readiness=false",
+        "--http-address=127.0.0.1", f"--http-port={http}",
+        "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
+        "--metrics-address=127.0.0.1", f"--metrics-port={metrics}",
+        f"--http-restricted-api={restricted}",
+        f"--grpc-restricted-protocol={restricted}",
+        "--exit-timeout-secs=10",
+    ]
+
+
+def node_config(model: str = NODE_MODEL, space: Space = NODE_SPACE, budget_ms: float = NODE_BUDGET_MS,
+                perf_flags: dict | None = None) -> dict:
+    """Model Analyzer's profile config on the node (remote launch mode, paths inside the
+    ``model_analyzer`` container). No ``triton_server_flags``: in remote mode Model Analyzer
+    starts no server, so the flags are ``triton_analyzer``'s command (:func:`node_server_command`)."""
+    http, grpc, metrics = NODE_PORTS
+    run_dir = f"{NODE_CLONE}/{NODE_RUN_DIR}"
+    return {
+        "model_repository": NODE_MODELS,
+        "output_model_repository_path": f"{run_dir}/output_models",
+        "override_output_model_repository": True,
+        "checkpoint_directory": f"{run_dir}/checkpoints",
+        "export_path": f"{run_dir}/export",
+        "triton_launch_mode": "remote",
+        "triton_http_endpoint": f"127.0.0.1:{http}",
+        "triton_grpc_endpoint": f"127.0.0.1:{grpc}",
+        "triton_metrics_url": f"http://127.0.0.1:{metrics}/metrics",
+        "client_protocol": "grpc",
+        "perf_output": True,
+        "perf_output_path": f"{run_dir}/perf_analyzer.log",
+        **_search(model, space, budget_ms, perf_flags, "KIND_GPU"),
+    }
+
+
+def write_node_config(path: Path = NODE_CONFIG) -> Path:
+    """Write :func:`node_config` as the YAML file the ``model_analyzer`` service reads
+    (JSON is YAML). It holds no key: the server's key stays in ``docker/.env``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("# Written by `python -m servelab triton analyzer-node-config` (servelab/triton/analyzer.py,\n"
+                    "# node_config): Model Analyzer's profile config on the node, remote launch mode.\n"
+                    + json.dumps(node_config(), indent=1) + "\n")
+    return path
 
 
 # --------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 [--count N --kind K --dynamic-batching --max-queue-delay-us N
 --preferred-batch-size N.. --no-dynamic-batching --set PBTXT]``, ``config``,
 ``stats``, ``env`` (perf_analyzer exports), ``setup`` (perf_analyzer shim),
-``perf -- ARGS`` (run perf_analyzer, print a table).
+``perf -- ARGS`` (run perf_analyzer, print a table), ``analyzer-node-config``
+(write Model Analyzer's profile config for the node, docker/analyzer/).
 """
 
 from __future__ import annotations
@@ -98,6 +99,10 @@ def add_parser(sub) -> None:
     pa.add_argument("--json", action="store_true", help="print the parsed figures as JSON")
     pa.add_argument("args", nargs="*", help="perf_analyzer arguments (after --)")
     pa.set_defaults(func=_cmd_perf)
+
+    an = tsub.add_parser("analyzer-node-config",
+                         help="write docker/analyzer/<model>.yaml, Model Analyzer's config on the node (remote mode)")
+    an.set_defaults(func=_cmd_analyzer_node_config)
 
 
 def _raise_interrupt(signum, frame):
@@ -271,6 +276,13 @@ def _cmd_perf(args) -> int:
         if result.results:
             print(result.table())
     return 0 if result.ok else (result.returncode or 1)
+
+
+def _cmd_analyzer_node_config(args) -> int:
+    from servelab.triton import analyzer
+
+    print(analyzer.write_node_config())
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

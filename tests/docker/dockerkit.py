@@ -22,7 +22,11 @@ STACKS = {
     "triton+cpu": [DOCKER / "docker-compose-triton.yaml", DOCKER / "docker-compose-triton.cpu.yaml"],
     # notebook 6c: the Triton stack plus a Triton per GPU, HAProxy and Prometheus
     "triton+scale": [DOCKER / "docker-compose-triton.yaml", DOCKER / "docker-compose-scale.yaml"],
+    # notebook 6b on the node: Model Analyzer (remote mode) and a Triton of its own, profile `analyzer`
+    "triton+analyzer": [DOCKER / "docker-compose-triton.yaml", DOCKER / "docker-compose-analyzer.yaml"],
 }
+# Compose profiles a stack is rendered with (services in a profile are left out without it).
+PROFILES = {"triton+analyzer": ["analyzer"]}
 # The one-shot service that builds the model files on the node (notebooks 3 and 5).
 MODELS_FILE = DOCKER / "docker-compose-models.yaml"
 GPU_STACKS = ("fastapi", "triton")
@@ -50,8 +54,9 @@ def compose_env(**extra: str) -> dict[str, str]:
 
 
 def render(stack: str, env_file: Path, **extra: str) -> dict:
+    profiles = [arg for name in PROFILES.get(stack, []) for arg in ("--profile", name)]
     return compose.config_json(STACKS[stack], env=compose_env(**extra), cwd=REPO,
-                               extra_args=["--env-file", str(env_file)])
+                               extra_args=["--env-file", str(env_file), *profiles])
 
 
 def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
