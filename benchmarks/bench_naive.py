@@ -32,7 +32,9 @@ test's size) runs each configuration once, without the reverse order: its
 figures mean nothing. Prints every row of the target table against both
 references with its target and PASS/FAIL, then the raw figures. Exit status 0
 whatever the verdicts (a measurement, not a test); ``--strict`` exits 1 on a
-FAIL. On a shared machine, read the load average printed with the table.
+FAIL. The table's heading says whether other work used the CPU during the run
+(more than a quarter core on average, the tour's rule: servelab.bench.validity); then
+its figures are noisy.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ import numpy as np
 import requests
 
 from servelab import triton
-from servelab.bench import script
+from servelab.bench import configsearch, script
 from servelab.core import food11, paths, procs
 from servelab.serve import samples
 from servelab.triton import config as triton_config
@@ -400,6 +402,9 @@ def main(argv=None) -> int:
     began = time.perf_counter()
     perf.install_shim()
     load0 = os.getloadavg()[0]
+    # Every process of the run is this one's child: CPU that others used meanwhile is other work
+    # (the load average cannot tell: the run's own servers and clients raise it).
+    watch = configsearch.machine_watch()
     print(f"machine: {procs.cpu_cores()} cores, load average {load0:.1f} at start; photo {PHOTO.name}; "
           f"size {args.size}, {args.rounds} round(s)", flush=True)
     for ref, what in REFS.items():
@@ -437,8 +442,11 @@ def main(argv=None) -> int:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
     out["load_end"] = os.getloadavg()[0]
-    print(f"\nTargets (issues 14, 36), load average {load0:.1f} at start, {out['load_end']:.1f} at the end"
-          f"{' - a busy machine: figures are noisy' if max(load0, out['load_end']) > 1.5 else ''}; "
+    out["validity"] = verdict = watch.verdict()
+    print(f"\nTargets (issues 14, 36), load average {load0:.1f} at start, {out['load_end']:.1f} at the end; "
+          + ("no other work on the machine meanwhile" if verdict.get("valid", True) else
+             "a busy machine, figures are noisy: " + ", ".join(verdict.get("reasons", [])))
+          + "; "
           f"{time.perf_counter() - began:.0f} s in all")
     print(f"  {'figure':64} {'value':>7}  {'target':12} verdict")
     for name, value, target, ok in rows:
