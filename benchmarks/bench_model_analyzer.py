@@ -40,9 +40,10 @@ def main(argv=None) -> int:
     with triton.running(models=[MODEL], http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
         through = batchcost.through_triton(t.url, MODEL, requests=args.batch_requests)
         alone = batchcost.through_triton(t.url, MODEL, sizes=(1,), requests=args.batch_requests, concurrency=1)
-    cost = queueing.BatchCost(through["seconds"])
+    seconds = batchcost.bounded_by_one_client(through["seconds"], alone["seconds"][1])
+    cost = queueing.BatchCost(seconds)
     overhead = max(0.0, alone["seconds"][1] - cost(1))
-    print(f"S(b): {batchcost.describe(through['seconds'])}; outside the server {1000 * overhead:.1f} ms")
+    print(f"S(b): {batchcost.describe(seconds)}; outside the server {1000 * overhead:.1f} ms")
     predicted = configsearch.rank_predictions([{"instances": 1, "max_batch_size": 1}, *space.configs()], cost,
                                               args.budget_ms, space.concurrency, overhead_s=overhead)
     watch = configsearch.machine_watch()   # all of its processes are our children

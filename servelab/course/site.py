@@ -48,6 +48,11 @@ DEFAULT_OUT = paths.BUILD_DIR / "site"
 REFERENCE_DIR = paths.BUILD_DIR / "reference"      # written by the notebook tests: a local preview
 COMMITTED_REFERENCE = reference.COMMITTED_DIR       # docs/reference/: the published reference run
 GPU_REFERENCE = paths.REPO_ROOT / "docs" / "gpu-reference.md"
+# Benchmark outputs recorded in the kit (docs/benchmark-runs/): the newest Model Analyzer summary
+# (<date>-model-analyzer-summary.html, from benchmarks/bench_model_analyzer.py) and that run's
+# printed output (<date>-bench_model_analyzer-full.txt) are published beside lesson 6b.
+BENCHMARK_RUNS = paths.REPO_ROOT / "docs" / "benchmark-runs"
+ANALYZER_LESSON = "6b_model_analyzer"
 REFERENCE_NOTE = reference.NOTE
 SITE_TITLE = "ServeLab: system-level optimization of model serving"
 
@@ -214,7 +219,8 @@ def default_reference_dir() -> tuple[Path, str]:
 
 
 def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_DIR,
-               reference_dir: Path | None = REFERENCE_DIR, gpu_reference: Path | None = GPU_REFERENCE) -> list[Page]:
+               reference_dir: Path | None = REFERENCE_DIR, gpu_reference: Path | None = GPU_REFERENCE,
+               benchmark_runs: Path | None = BENCHMARK_RUNS) -> list[Page]:
     from pygments.formatters import HtmlFormatter
 
     items = notebooks.notebooks(source_dir)
@@ -228,6 +234,7 @@ def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_
     md = _md()
     built = [(item, notebooks.build_notebook(item.source, item.name)) for item in items]
     gpu = _gpu_reference(gpu_reference, out_dir, md)
+    analyzer_banner = _analyzer_report(benchmark_runs, out_dir)
     manifest = reference.read_manifest(reference_dir) if reference_dir else None
     stale = reference.stale(reference_dir, source_dir) if manifest else []
     pages = []
@@ -244,6 +251,8 @@ def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_
         if ref_page:
             body = (f'<p class="reference-banner">See <a href="{ref_page.filename}">a reference run of this '
                     f'notebook</a> with its outputs and plots ({html.escape(REFERENCE_NOTE)}).</p>\n' + body)
+        if item.name == ANALYZER_LESSON and analyzer_banner:
+            body = analyzer_banner + body
         (out_dir / filename).write_text(_layout(title, body, nav), encoding="utf-8")
         pages.append(Page(item.name, title, filename, where, answer_keys, code_cells))
         if ref_page:
@@ -428,6 +437,33 @@ def _cmd_site(args) -> int:
         print(f"no reference run in {ref_dir}: the site shows the lessons' text and code only "
               "(`make reference` writes the committed one)")
     return 0
+
+
+# --------------------------------------------------------------------------
+# Model Analyzer's summary report, from the kit's recorded benchmark run
+
+
+def _analyzer_report(runs_dir: Path | None, out_dir: Path) -> str:
+    """Copy the newest recorded Model Analyzer summary (and its run's output) into
+    ``reports/`` and return the banner for lesson 6b's page ("" when none is recorded).
+    The summary is Model Analyzer's own page, kept whole in a folder of its own."""
+    summaries = sorted(runs_dir.glob("*-model-analyzer-summary.html")) if runs_dir and runs_dir.is_dir() else []
+    if not summaries:
+        return ""
+    summary = summaries[-1]
+    date = summary.name.removesuffix("-model-analyzer-summary.html")
+    reports = out_dir / "reports"
+    reports.mkdir(exist_ok=True)
+    shutil.copy2(summary, reports / "model-analyzer-summary.html")
+    run = runs_dir / f"{date}-bench_model_analyzer-full.txt"
+    how = ""
+    if run.is_file():
+        shutil.copy2(run, reports / "model-analyzer-run.txt")
+        how = (' (<a href="reports/model-analyzer-run.txt">its run</a>: <code>benchmarks/bench_model_analyzer.py</code>, '
+               "both rankings and their agreement)")
+    return (f'<p class="reference-banner">Model Analyzer\'s own <a href="reports/model-analyzer-summary.html">summary '
+            f"report</a> from the kit's full-size run of {html.escape(date)}{how}, recorded in "
+            "<code>docs/benchmark-runs/</code>. Your run will differ.</p>\n")
 
 
 # --------------------------------------------------------------------------

@@ -268,3 +268,25 @@ def test_pages_fit_1280_and_390_px_without_hidden_code(committed_site):
     assert len(figures[1280]) == len(figures[390]) >= 4, figures
     for width, figs in figures.items():
         assert all(0 < _png_size(f)[0] <= width for f in figs)
+
+
+def test_lesson_6b_links_model_analyzers_recorded_summary(built, tmp_path):
+    """Model Analyzer's summary report is on the site: the newest one recorded in docs/benchmark-runs/,
+    in a folder of its own (its page is the tool's, not the site's), with the run that made it."""
+    out, _ = built
+    page = (out / "6b_model_analyzer.html").read_text()
+    assert 'href="reports/model-analyzer-summary.html"' in page and 'href="reports/model-analyzer-run.txt"' in page
+    assert "food_classifier_onnx" in (out / "reports" / "model-analyzer-summary.html").read_text()
+    assert "tool's ranking:" in (out / "reports" / "model-analyzer-run.txt").read_text()
+    assert "model-analyzer" not in (out / "6_triton.html").read_text()
+    # the newest of several; none recorded: no banner, no folder
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for date in ("2026-01-02", "2026-03-04"):
+        (runs / f"{date}-model-analyzer-summary.html").write_text(f"<html>{date}</html>")
+    site.build_site(tmp_path / "a", reference_dir=None, gpu_reference=None, benchmark_runs=runs)
+    assert (tmp_path / "a" / "reports" / "model-analyzer-summary.html").read_text() == "<html>2026-03-04</html>"
+    assert "its run" not in (tmp_path / "a" / "6b_model_analyzer.html").read_text()
+    site.build_site(tmp_path / "b", reference_dir=None, gpu_reference=None, benchmark_runs=tmp_path / "none")
+    assert not (tmp_path / "b" / "reports").exists()
+    assert "reports/model-analyzer-summary.html" not in (tmp_path / "b" / "6b_model_analyzer.html").read_text()
