@@ -114,11 +114,17 @@ def notebook_loop(url: str, payload: dict, n: int, clients: int) -> dict:
     else:
         with concurrent.futures.ThreadPoolExecutor(max_workers=clients) as pool:
             results = list(pool.map(lambda _: post_once(url, payload), range(n)))
-    wall = time.perf_counter() - start
+    return loop_result(results, time.perf_counter() - start)
+
+
+def loop_result(results: list, wall: float | None = None) -> dict:
+    """Latency summary of one side's requests (None: failed), with count, failed and
+    throughput = ok requests / ``wall`` (default: their summed latency, back to back)."""
     ok = [r for r in results if r is not None]
-    out = script.summary(ok or [float("nan")], wall)
+    wall = sum(ok) if wall is None else wall
+    out = script.summary(ok or [NAN])
     out["count"], out["failed"] = len(ok), len(results) - len(ok)
-    out["throughput"] = len(ok) / wall
+    out["throughput"] = len(ok) / wall if wall > 0 else NAN
     return out
 
 
@@ -132,14 +138,7 @@ def interleaved_sequential(urls: dict[str, str], payload: dict, n: int) -> dict[
     for i in range(n):
         for key in keys[i % len(keys):] + keys[:i % len(keys)]:
             lat[key].append(post_once(urls[key], payload))
-    out = {}
-    for key, values in lat.items():
-        ok = [v for v in values if v is not None]
-        r = script.summary(ok or [NAN])
-        r["count"], r["failed"] = len(ok), len(values) - len(ok)
-        r["throughput"] = len(ok) / sum(ok) if ok else NAN
-        out[key] = r
-    return out
+    return {key: loop_result(values) for key, values in lat.items()}
 
 
 def bench_fastapi(args, log_dir: Path, payload: dict, servers: dict) -> dict:
