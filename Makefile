@@ -60,9 +60,17 @@ down:
 triton: models
 	$(PY) -m servelab triton start
 
+# Two phases (tests/conftest.py): the tests that time nothing on two workers, then the
+# `quiet` ones (they time runs, or judge whether other work spoiled them) alone. Both run;
+# either one failing fails `make test`. Plain `pytest` runs every test in one process.
 test: setup sysdeps models
 	$(BIN)/ruff check .
-	$(PY) -m pytest -q
+	@rc=0; \
+	echo "== phase 1 of 2: tests that time nothing, on 2 workers"; \
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not quiet" || rc=1; \
+	echo "== phase 2 of 2: tests that time runs (marked quiet), alone"; \
+	$(PY) -m pytest -q -m quiet || rc=1; \
+	exit $$rc
 
 # The whole lab as a static HTML site (offline), from the notebook sources and the
 # committed reference run in docs/reference/ (nothing is executed).

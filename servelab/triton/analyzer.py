@@ -396,16 +396,32 @@ def _run(cmd: list[str], log: Path, timeout: float, shm_prefix: str, servers: li
     return cleaned
 
 
+def _fresh_dir(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``, ...: a new folder that no other run started in the same second."""
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path.resolve()
+    raise RuntimeError(f"no free run folder beside {base}")
+
+
 def profile(model: str, space: Space, budget_ms: float, *, source: Path | None = None,
             run_dir: Path | None = None, perf_flags: dict | None = None, timeout: float = 1800.0,
             report: bool = True) -> AnalyzerRun:
     """``model-analyzer profile`` (a brute search of ``space`` under a p99 budget), then
     ``report``; everything under ``run_dir`` (default ``build/model-analyzer/<model>-<time>``)."""
     exe = executable()
-    run_dir = Path(run_dir or OUTPUT_ROOT / f"{model}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
+    if run_dir is None:
+        run_dir = _fresh_dir(OUTPUT_ROOT / f"{model}-{time.strftime('%Y%m%d-%H%M%S')}")
+    else:   # a folder the caller named is started afresh
+        run_dir = Path(run_dir).resolve()
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
     # The runtime repository this binary can serve (the kit's local translation of the config).
     repo = run_dir / "repository"
     build_repository(repo, source or paths.MODELS_STAGING, [model], gpus=0)

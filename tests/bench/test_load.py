@@ -9,6 +9,9 @@ from servelab import bench
 from servelab.bench import http, load
 from servelab.core import procs
 
+# quiet: open-loop schedules and rates, timed against a tiny server
+pytestmark = pytest.mark.quiet
+
 
 def _check_counts(r: bench.Result, sent: int | None = None):
     assert r.sent == r.ok + r.error_count

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from servelab.bench import http, load, table
 from servelab.core import procs
 from servelab.measure import tour
 
 
+@pytest.mark.quiet  # the tour's lesson checks time runs and judge whether other work spoiled them
 def test_tour_small(built_models, tmp_path):
     lines: list[str] = []
     # three sweep points (as notebook 6's reduced scale), not the lesson's seven: the refinement

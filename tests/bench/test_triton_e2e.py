@@ -13,6 +13,9 @@ from servelab.bench.triton import TritonObserver
 from servelab.core import procs
 from servelab.triton import snapshot
 
+# quiet: the kit's client and perf_analyzer must agree on the same server's throughput
+pytestmark = pytest.mark.quiet
+
 
 @pytest.fixture(scope="module")
 def triton(built_models, tmp_path_factory):

@@ -7,8 +7,13 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from servelab import bench
 from servelab.bench import load, validity
+
+# quiet: these tests judge other work on the machine (and make some of their own)
+pytestmark = pytest.mark.quiet
 
 
 def _assess(**kw):

@@ -13,10 +13,15 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
+
 from servelab.course import reference
 
 from .nbkit import REPO_ROOT, base_kernel_env, notebook_text, run_notebook
 from .test_measurement_notebooks import _no_failed_check
+
+# quiet: Model Analyzer's ranking and the notebook's own sweep are timings
+pytestmark = pytest.mark.quiet
 
 REDUCED = reference.SCALES["reduced"]["6b_model_analyzer"]
 

@@ -163,3 +163,14 @@ def test_leftovers_stops_what_escaped_its_group_and_removes_only_its_regions(tmp
         mine.unlink(missing_ok=True)
         if root.poll() is None:
             root.kill()
+
+
+def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
+    """The default run folder is named by the second it starts in: a second run in that
+    second (another test worker, another terminal) gets ``-2`` instead of deleting the first."""
+    base = tmp_path / "model-analyzer" / "food_classifier_onnx-20261126-170725"
+    first = analyzer._fresh_dir(base)
+    (first / "checkpoints").mkdir()
+    second = analyzer._fresh_dir(base)
+    assert first == base.resolve() and second.name == base.name + "-2"
+    assert (first / "checkpoints").is_dir() and not any(second.iterdir())
