@@ -67,7 +67,7 @@ test: setup sysdeps models
 	$(BIN)/ruff check .
 	@rc=0; \
 	echo "== phase 1 of 2: tests that time nothing, on 2 workers"; \
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not quiet" || rc=1; \
+	$(PY) -m pytest -q -n 2 -m "not quiet" || rc=1; \
 	echo "== phase 2 of 2: tests that time runs (marked quiet), alone"; \
 	$(PY) -m pytest -q -m quiet || rc=1; \
 	exit $$rc

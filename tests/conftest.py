@@ -24,24 +24,32 @@ def sample_paths():
 
 
 # `make test` runs in two phases: every test not marked ``quiet`` on two workers
-# (pytest-xdist, ``--dist loadgroup``), then the ``quiet`` ones alone. A quiet test times
-# something or judges whether other work spoiled its runs, so it must not share the machine
-# with another test. Plain `pytest` runs everything in one process, in order.
+# (pytest-xdist, `-n 2`), then the ``quiet`` ones alone. A quiet test times something or
+# judges whether other work spoiled its runs, so it must not share the machine with another
+# test. Plain `pytest` runs everything in one process, in order.
 #
-# On the workers a test file stays together (its module fixtures, such as a running Triton,
-# start once), except the files below, whose tests share nothing and are long.
+# On the workers a test file stays together, in its order (its module fixtures, such as a
+# running Triton, start once), except the files below, whose tests share nothing and are long.
 SPREAD = {"tests/bench/test_benchmarks_smoke.py"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_xdist_make_scheduler(config, log):
+    """The workers' scheduler for `-n N` (xdist's default ``--dist load``): by file, as above."""
+    if config.getvalue("dist") != "load":
+        return None   # a --dist the caller chose
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return nodeid if module in SPREAD else module
+
+    return ByFile(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Group the tests for the workers (above); tests marked ``cuda`` run only where
-    PyTorch sees a CUDA device (a lent GPU machine: `pytest -m cuda`); elsewhere they
-    are skipped with that reason."""
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            module = item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(item.nodeid if module in SPREAD else module))
+    """Tests marked ``cuda`` run only where PyTorch sees a CUDA device (a lent GPU
+    machine: `pytest -m cuda`); elsewhere they are skipped with that reason."""
     marked = [item for item in items if item.get_closest_marker("cuda")]
     if not marked:
         return

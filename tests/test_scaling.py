@@ -38,3 +38,21 @@ def test_promql_match_selects_the_same_series_on_both_counters():
     assert q.count('{job="triton_replicas"}[10s]') == 2
     assert scaling.QUEUE_COUNTER + '{job="triton_replicas"}' in q and scaling.SUCCESS_COUNTER + "{" in q
     assert "{" not in scaling.promql("10s")
+
+
+def test_notebook_6c_waits_for_prometheus_first_scrape_and_no_longer(monkeypatch):
+    """A Prometheus started a moment ago has no ``up`` series yet (a CI run read 0 targets and
+    failed 6c's first check): scraped_targets waits for the replicas' targets, and gives up
+    after its wait with what is there."""
+    from servelab.course import scaleout
+
+    answers = [[], [], [{"metric": {"job": "prometheus"}, "value": 1.0}]] + [
+        [{"metric": {"job": scaleout.REPLICA_JOB, "instance": f"r{i}"}, "value": 1.0} for i in range(2)]]
+    calls = []
+    monkeypatch.setattr(scaleout.time, "sleep", lambda s: None)
+    monkeypatch.setattr(scaleout.scaling, "query", lambda url, expr: calls.append(expr) or answers[min(len(calls), 4) - 1])
+    targets = scaleout.scraped_targets("http://prometheus:9090", scaleout.REPLICA_JOB, 2, wait_s=30)
+    assert len(calls) == 4 and [t["metric"]["instance"] for t in targets] == ["r0", "r1"]
+    calls.clear()
+    assert scaleout.scraped_targets("http://prometheus:9090", scaleout.REPLICA_JOB, 2, wait_s=0) == []
+    assert len(calls) == 1

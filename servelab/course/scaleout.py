@@ -43,6 +43,18 @@ class SetupRun:
                 "valid": self.result.valid}
 
 
+def scraped_targets(prometheus_url: str, job: str, want: int, wait_s: float) -> list[dict]:
+    """Prometheus's ``up`` series once ``want`` targets of ``job`` are in it, or as it is after
+    ``wait_s`` seconds: a target appears only after Prometheus's first scrape of it, so a
+    Prometheus started a moment ago answers with none."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        targets = scaling.query(prometheus_url, "up")
+        if sum(t["metric"].get("job") == job for t in targets) >= want or time.monotonic() >= deadline:
+            return targets
+        time.sleep(0.5)
+
+
 def service_ms(url: str, model: str, requests: int = 40) -> float:
     """Mean compute time (ms) of one request on the Triton at ``url`` while its instance is kept
     busy (two clients, one always waiting): what the queueing model calls S (input + inference +

@@ -37,6 +37,11 @@ from .nbkit import (
     run_notebook,
 )
 
+# quiet, though it times nothing: beside another test on two workers (2026-11-26), one notebook run
+# here took 310 s instead of about 11 (test_2_unreachable_repository_url_...), for a cause not found
+# yet; until it is, this file runs alone.
+pytestmark = pytest.mark.quiet
+
 HERE = Path(__file__).resolve().parent
 USER = "student1"
 OTHER_USER = "student2"
