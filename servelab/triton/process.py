@@ -126,8 +126,12 @@ def unload_all(grpc_url: str, admin_key: str | None, timeout: float = 30.0) -> N
 
 
 def _unload_models(client, headers: dict | None, timeout: float) -> None:
+    end = time.monotonic() + 2 * timeout   # all of it: a stop must end even if Triton stops answering
+
     def index() -> list[dict]:
-        return client.get_model_repository_index(headers=headers, as_json=True).get("models", [])
+        left = max(1.0, end - time.monotonic())   # no call without a timeout: it could wait forever
+        return client.get_model_repository_index(headers=headers, as_json=True,
+                                                 client_timeout=left).get("models", [])
 
     names = [m["name"] for m in index() if m.get("state") == "READY"]
     refused: list[str] = []
@@ -146,7 +150,7 @@ def _unload_models(client, headers: dict | None, timeout: float) -> None:
     if names and len(refused) == len(names):
         return  # none will unload (POLL mode refuses the calls): SIGTERM does it
     # unload_model returns when the unload starts: wait until the stubs are gone.
-    deadline = time.monotonic() + timeout
+    deadline = min(time.monotonic() + timeout, end)
     while time.monotonic() < deadline:
         if not any(m.get("state") in ("READY", "UNLOADING") for m in index()):
             break
