@@ -26,8 +26,11 @@ def main(argv=None) -> int:
     ap.sized("--delays", type=str, full="0,2000", quick="0", tiny="0", help="queue delays, microseconds")
     ap.sized("--concurrency", type=str, full="1,4,16", quick="1,4,16", tiny="1", help="perf_analyzer's clients")
     ap.sized("--window", type=int, full=50, quick=25, tiny=10, help="requests per perf_analyzer window")
+    ap.sized("--stability", type=int, full=10, tiny=100,
+             help="perf_analyzer's stability percentage (10 is its own default; 100 takes the first 3 windows)")
     ap.sized("--batch-requests", type=int, full=20, quick=8, tiny=4, help="client batches per size for S(b)")
     ap.add_argument("--budget-ms", type=float, default=300.0, help="p99 budget")
+    ap.add_argument("--run-dir", default=None, help="Model Analyzer's folder (default build/model-analyzer/<model>-<time>)")
     args = ap.parse_args(argv)
 
     def ints(text):
@@ -47,7 +50,8 @@ def main(argv=None) -> int:
     predicted = configsearch.rank_predictions([{"instances": 1, "max_batch_size": 1}, *space.configs()], cost,
                                               args.budget_ms, space.concurrency, overhead_s=overhead)
     watch = configsearch.machine_watch()   # all of its processes are our children
-    run = analyzer.profile(MODEL, space, args.budget_ms, perf_flags={"measurement-request-count": args.window})
+    run = analyzer.profile(MODEL, space, args.budget_ms, run_dir=args.run_dir,
+                           perf_flags={"measurement-request-count": args.window, "stability-percentage": args.stability})
     verdict = watch.verdict()
     measured = configsearch.measured_ranking(analyzer.best_per_config(run.rows()))
     comparison = configsearch.side_by_side(predicted, measured)
@@ -66,7 +70,9 @@ def main(argv=None) -> int:
           "busy (not evidence): " + ", ".join(verdict.get("reasons", [])))
     print("left behind and stopped:", run.cleaned or "nothing")
     script.write_json(args.json, {"predicted": predicted, "measured": measured, "comparison": comparison,
-                                  "validity": verdict, "seconds": run.seconds})
+                                  "validity": verdict, "seconds": run.seconds,
+                                  "run": {"dir": str(run.run_dir), "log": str(run.log), "cleaned": run.cleaned,
+                                          "shm_prefix": run.shm_prefix, "servers": run.servers}})
     return 0
 
 

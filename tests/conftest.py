@@ -36,8 +36,8 @@ SPREAD = {"tests/bench/test_benchmarks_smoke.py"}
 # The longest files go to the workers first (measured 2026-11-26, in this order), so that no worker
 # is left with one of them at the end while the other has nothing to do. In-file order is kept.
 FIRST = ["tests/bench/test_benchmarks_smoke.py", "tests/bench/test_tour.py", "tests/test_gpu_check.py",
-         "tests/reliability/test_stub_recovery.py", "tests/reliability/test_stack_lifecycle.py",
-         "tests/triton/test_reload.py", "tests/triton/test_analyzer.py", "tests/notebooks/test_site.py",
+         "tests/triton/test_analyzer.py", "tests/reliability/test_stub_recovery.py",
+         "tests/reliability/test_stack_lifecycle.py", "tests/triton/test_reload.py", "tests/notebooks/test_site.py",
          "tests/images/test_image_envs.py", "tests/test_scale.py",
          "tests/triton/test_perf.py", "tests/images/test_image_services.py"]
 
@@ -56,10 +56,27 @@ def pytest_xdist_make_scheduler(config, log):
     return ByFile(config, log)
 
 
+# The quiet phase (`-m quiet`) collects only the files that say this (~10 s of collecting
+# every file saved); the other phase, which collects them all, refuses a quiet test elsewhere.
+QUIET_MARK = "pytest.mark.quiet"
+
+
+def pytest_ignore_collect(collection_path, config):
+    if (config.getoption("markexpr") == "quiet" and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and QUIET_MARK not in collection_path.read_text()):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     """On a worker, the FIRST files first (above). Tests marked ``cuda`` run only where PyTorch
     sees a CUDA device (a lent GPU machine: `pytest -m cuda`); elsewhere they are skipped with
-    that reason."""
+    that reason. A test marked quiet in a file without QUIET_MARK stops the run."""
+    elsewhere = sorted({str(item.path) for item in items if item.get_closest_marker("quiet")
+                        and QUIET_MARK not in item.path.read_text()})
+    if elsewhere:
+        raise pytest.UsageError(f"quiet tests in files without {QUIET_MARK!r} (the quiet phase skips "
+                                f"those files): {elsewhere}")
     if os.environ.get("PYTEST_XDIST_WORKER"):   # every worker sorts alike: xdist compares their lists
         rank = {m: i for i, m in enumerate(FIRST)}
         items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(FIRST)))

@@ -68,7 +68,8 @@ SCALES = {
             "SERVELAB_NB_BATCH_ARGS": "--measurement-mode count_windows --measurement-request-count 4 "
                                       "--stability-percentage 100",
             # request-rate runs: perf_analyzer refuses a count below the rate (0.5 / S(1), ~60-90/s here)
-            "SERVELAB_NB_RATE_ARGS": "--request-count 200", "SERVELAB_NB_RUN_SECONDS": "6",
+            # each arrival-pattern and knob run: 4 s (~250 requests at half the capacity; six runs)
+            "SERVELAB_NB_RATE_ARGS": "--request-count 200", "SERVELAB_NB_RUN_SECONDS": "4",
             # the load sweep at reduced size: three points, short runs
             "SERVELAB_NB_SWEEP_SECONDS": "2", "SERVELAB_NB_SWEEP_FACTORS": "0.5,1.0,2.0",
             "SERVELAB_NB_BATCH_REQUESTS": "4",

@@ -111,23 +111,36 @@ EXPECTED = {
 }
 
 
+# Benchmarks whose --tiny run is another test's fixture (run once, checked there with run_tiny below).
+ELSEWHERE = {"bench_model_analyzer.py": "tests/triton/test_analyzer.py"}   # its profile is that file's
+
+
 def test_every_benchmark_has_a_smoke_check():
     assert set(SCRIPTS) == set(EXPECTED), "add the new benchmark's rows to EXPECTED"
+    for name, test_file in ELSEWHERE.items():
+        assert f'run_tiny("{name}"' in (REPO / test_file).read_text(), (name, test_file)
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_benchmark_runs_tiny(name, tmp_path):
-    """Each benchmark end to end at --tiny sizes. bench_naive.py is the slowest: it starts the kit's
-    and both references' Triton models and FastAPI servers and runs every configuration once."""
-    if name not in EXPECTED:
-        pytest.fail(f"{name}: no expected rows in EXPECTED")
+def run_tiny(name: str, tmp_path: Path, *more: str) -> dict:
+    """Run ``benchmarks/<name> --tiny`` and check what EXPECTED promises; return its JSON."""
     extra, codes, rows, json_ok = EXPECTED[name]
     out = tmp_path / "figures.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), "--tiny", "--json", str(out), *extra],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), "--tiny", "--json", str(out),
+                           *extra, *more], cwd=REPO, capture_output=True, text=True, timeout=300)
     log = f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
     assert proc.returncode in codes, log
     assert "Traceback" not in proc.stderr, log
     missing = [row for row in rows if row not in proc.stdout]
     assert not missing, f"rows not printed: {missing}\n{log}"
-    assert json_ok(json.loads(out.read_text())), log
+    data = json.loads(out.read_text())
+    assert json_ok(data), log
+    return data
+
+
+@pytest.mark.parametrize("name", [s for s in SCRIPTS if s not in ELSEWHERE])
+def test_benchmark_runs_tiny(name, tmp_path):
+    """Each benchmark end to end at --tiny sizes. bench_naive.py is the slowest: it starts the kit's
+    and both references' Triton models and FastAPI servers and runs every configuration once."""
+    if name not in EXPECTED:
+        pytest.fail(f"{name}: no expected rows in EXPECTED")
+    run_tiny(name, tmp_path)

@@ -19,6 +19,7 @@ import pytest
 from servelab.bench import configsearch, queueing
 from servelab.core import procs
 from servelab.triton import analyzer
+from tests.bench.test_benchmarks_smoke import run_tiny
 
 SPACE = analyzer.Space(instances=(1,), max_batch_sizes=(4,), queue_delays_us=(0,), concurrency=(1,))
 
@@ -57,8 +58,11 @@ def _status(url: str, headers: dict | None = None) -> int:
 
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
-    """One real profile; meanwhile, the private server's keyed and open APIs are probed."""
-    run_dir = tmp_path_factory.mktemp("ma") / "run"
+    """One real profile: `benchmarks/bench_model_analyzer.py --tiny` (its smoke test too: the
+    rows and JSON it promises), on SPACE; meanwhile, the private server's keyed and open APIs
+    are probed."""
+    work = tmp_path_factory.mktemp("ma")
+    run_dir = work / "run"
     probes: dict[str, int] = {}
     done = threading.Event()
 
@@ -81,12 +85,24 @@ def profiled(tmp_path_factory):
     watcher = threading.Thread(target=probe, daemon=True)
     watcher.start()
     try:
-        run = analyzer.profile("food_classifier_onnx", SPACE, 1000, run_dir=run_dir,
-                               perf_flags={"measurement-request-count": 10, "stability-percentage": 100})
+        data = run_tiny("bench_model_analyzer.py", work, "--run-dir", str(run_dir), "--budget-ms", "1000")
     finally:
         done.set()
         watcher.join(5)
+    r = data["run"]
+    run = analyzer.AnalyzerRun("food_classifier_onnx", Path(r["dir"]), SPACE, 1000, data["seconds"], r["cleaned"],
+                               Path(r["log"]), r["shm_prefix"], r["servers"])
     return run, probes
+
+
+def test_the_benchmarks_tiny_space_is_this_files(profiled):
+    """What the tests below assert of the profile holds for this space: the benchmark's --tiny one."""
+    run, _ = profiled
+    cfg = json.loads((run.run_dir / "profile.yaml").read_text())
+    mine = analyzer.analyzer_config("food_classifier_onnx", run.run_dir, run.run_dir, run.run_dir, SPACE, 1000,
+                                    (1, 2, 3), "K", "p_")
+    assert cfg["profile_models"] == mine["profile_models"] and cfg["constraints"] == mine["constraints"]
+    assert cfg["perf_analyzer_flags"] == {"measurement-request-count": 10, "stability-percentage": 100}
 
 
 def test_a_profile_fills_the_comparison_from_its_report(profiled):
