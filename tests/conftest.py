@@ -38,6 +38,7 @@ SPREAD = {"tests/bench/test_benchmarks_smoke.py"}
 FIRST = ["tests/bench/test_benchmarks_smoke.py", "tests/bench/test_tour.py", "tests/test_gpu_check.py",
          "tests/triton/test_analyzer.py", "tests/reliability/test_stub_recovery.py",
          "tests/reliability/test_stack_lifecycle.py", "tests/triton/test_reload.py", "tests/notebooks/test_site.py",
+         "tests/notebooks/test_chameleon_notebooks.py",
          "tests/images/test_image_envs.py", "tests/test_scale.py",
          "tests/triton/test_perf.py", "tests/images/test_image_services.py"]
 

@@ -298,11 +298,12 @@ def tour(args, work: Path) -> dict:
     out = work / "tour"
     if args.tiny:
         # The dry run proves the phase (the tour starts, measures, writes its report)
-        # on the FastAPI part alone: the Triton parts would take minutes here.
-        components, scale = ("fastapi_pt", "fastapi_onnx"), 0.05
+        # on the FastAPI part alone: the Triton parts would take minutes here. It repeats
+        # no run a busy machine spoiled: its figures are not evidence anyway.
+        components, scale, repeats = ("fastapi_pt", "fastapi_onnx"), 0.05, {"repeat_budget_s": 0, "run_repeat_budget_s": 0}
     else:
-        components, scale = ("fastapi_pt", "fastapi_onnx", "triton"), 0.2
-    report = tourmod.run_tour(tourmod.TourConfig(scale=scale, out=out), components=components)
+        components, scale, repeats = ("fastapi_pt", "fastapi_onnx", "triton"), 0.2, {}
+    report = tourmod.run_tour(tourmod.TourConfig(scale=scale, out=out, **repeats), components=components)
     shutil.copy(report, work / "tour-report.md")
     from servelab.bench.load import Result
 
