@@ -143,7 +143,7 @@ def test_6_triton_runs_against_a_local_triton(tmp_path, jupyter_sdk_image_env):
     """The real Triton 2.51 (servelab.triton, as `servelab up` runs it) and the real
     perf_analyzer. The notebook edits config.pbtxt files, so Triton serves a private copy
     of models_staging/ here: the repository's own files are never touched by the test.
-    Over 120 s (about 200 s idle): the whole lesson at the reduced scale, 19 checks that each rest
+    Over 120 s (172 to 182 s idle): the whole lesson at the reduced scale, 19 checks that each rest
     on runs of their own, with model reloads between the parts."""
     from servelab import triton
     from servelab.core import procs
