@@ -73,8 +73,8 @@ def pytest_collection_modifyitems(config, items):
     """On a worker, the FIRST files first (above). Tests marked ``cuda`` run only where PyTorch
     sees a CUDA device (a lent GPU machine: `pytest -m cuda`); elsewhere they are skipped with
     that reason. A test marked quiet in a file without QUIET_MARK stops the run."""
-    elsewhere = sorted({str(item.path) for item in items if item.get_closest_marker("quiet")
-                        and QUIET_MARK not in item.path.read_text()})
+    quiet_files = {item.path for item in items if item.get_closest_marker("quiet")}
+    elsewhere = sorted(str(path) for path in quiet_files if QUIET_MARK not in path.read_text())
     if elsewhere:
         raise pytest.UsageError(f"quiet tests in files without {QUIET_MARK!r} (the quiet phase skips "
                                 f"those files): {elsewhere}")
