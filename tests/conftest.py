@@ -25,8 +25,8 @@ def sample_paths():
     return found
 
 
-# `make test` runs in two phases: every test not marked ``quiet`` on two workers
-# (pytest-xdist, `-n 2`), then the ``quiet`` ones alone. A quiet test times something or
+# `make test` runs in two phases: every test not marked ``quiet`` on three workers
+# (pytest-xdist, `-n 3`, the Makefile's WORKERS), then the ``quiet`` ones alone. A quiet test times something or
 # judges whether other work spoiled its runs, so it must not share the machine with another
 # test. Plain `pytest` runs everything in one process, in order.
 #
