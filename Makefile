@@ -7,7 +7,7 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.servelab-installed
 
 .PHONY: help setup sysdeps models demo test up down triton site reference notebooks doctor soak fuzz clean kit-archive \
-	gpu-pack gpu-check
+	gpu-pack gpu-check compose-check
 
 help:
 	@echo "make demo   - set up, build models, run the local stack and benchmark tour (README's main command)"
@@ -17,6 +17,7 @@ help:
 	@echo "make reference - re-run notebooks 4 and 6 and the tour; write the committed docs/reference/"
 	@echo "make soak   - long soak run;  make fuzz - longer fuzzing run"
 	@echo "make kit-archive - dist/serve-system-chi.tar.gz (tracked files) for Trovi / Chameleon Jupyter"
+	@echo "make compose-check - the Compose stacks for real on a local Docker engine (stand-in base images)"
 	@echo "make gpu-pack - build/gpu-pack/, carried to a lent GPU machine;  make gpu-check - the GPU run there"
 
 # One virtualenv with everything pinned in pyproject.toml.
@@ -33,14 +34,17 @@ setup: $(STAMP)
 # Debian packages the tests run for real (no downloads from elsewhere): headless Chromium for the
 # browser tests, HAProxy and Prometheus for the scale-out lesson (replicas behind a balancer).
 SYSDEPS_BINS := /usr/bin/chromium /usr/bin/chromedriver /usr/sbin/haproxy /usr/bin/prometheus /usr/bin/promtool
+SYSDEPS_PKGS := chromium chromium-driver haproxy prometheus
+# make compose-check adds a Docker engine (Debian's docker.io) and mmdebstrap (the stand-in base images).
+compose-check: SYSDEPS_BINS += /usr/bin/dockerd /usr/bin/mmdebstrap
+compose-check: SYSDEPS_PKGS += docker.io mmdebstrap
 sysdeps:
 	@missing=""; for b in $(SYSDEPS_BINS); do [ -x $$b ] || missing="$$missing $$b"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian chromium, chromium-driver, haproxy, prometheus (missing:$$missing)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	      chromium chromium-driver haproxy prometheus >/dev/null; \
-	  else echo "warning: missing$$missing; install Debian's chromium, chromium-driver, haproxy and prometheus"; fi; \
+	    echo "installing Debian $(SYSDEPS_PKGS) (missing:$$missing)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSDEPS_PKGS) >/dev/null; \
+	  else echo "warning: missing$$missing; install Debian's $(SYSDEPS_PKGS)"; fi; \
 	fi
 
 models: setup
@@ -107,6 +111,12 @@ doctor: setup
 KIT_ARCHIVE ?= dist/serve-system-chi.tar.gz
 kit-archive:
 	$(PYTHON) -m servelab.node.chameleon pack $(KIT_ARCHIVE)
+
+# The students' Compose stacks started for real on this machine's Docker engine, with stand-in base
+# images where the upstream ones cannot be pulled (docker/standin/README.md); notebooks 4, 6, 6a and 6c
+# executed inside the Jupyter container. Starts dockerd if none runs (and stops it after). Needs root.
+compose-check: setup sysdeps
+	$(PY) -m servelab.composecheck.check
 
 # The GPU run (docs/gpu-reference.md). gpu-pack runs here: build/gpu-pack/ holds one xz archive
 # (tritonserver + the 3.12 stub, perf_analyzer, numpy 1.26, the FastAPI set) that a bare GPU machine

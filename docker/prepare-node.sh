@@ -25,7 +25,9 @@ FASTAPI_APP=fastapi_onnx docker compose -f ~/serve-system-chi/docker/docker-comp
 echo "== $(date -u +%H:%M:%S) FastAPI part ready"
 
 echo "== $(date -u +%H:%M:%S) Triton server and SDK images (notebook 5)"
-docker pull nvcr.io/nvidia/tritonserver:24.10-py3
-docker pull nvcr.io/nvidia/tritonserver:24.10-py3-sdk
+# A failed pull of an image that is already here (a registry hiccup) does not stop the builds.
+for image in nvcr.io/nvidia/tritonserver:24.10-py3 nvcr.io/nvidia/tritonserver:24.10-py3-sdk; do
+  docker pull "$image" || docker image inspect "$image" > /dev/null
+done
 docker compose -f ~/serve-system-chi/docker/docker-compose-triton.yaml build
 echo "== $(date -u +%H:%M:%S) Triton part ready"

