@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import struct
 import zlib
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageFile
 
 from servelab.core import food11
+from tests.services.helpers import scan_bomb_jpeg, truncated_jpeg_with_end
 
 
 def _encode(img: Image.Image, fmt: str, **kw) -> bytes:
@@ -315,3 +317,116 @@ def test_canonical_base64_fast_path_matches_the_standard_decoder(n):
 def test_misplaced_padding_still_gets_its_sentence(bad):
     with pytest.raises(food11.InvalidBase64Error):
         food11.decode_base64(bad)
+
+
+# ---- A JPEG's structure, read before decoding (issue 48) ----------------------
+
+def _refuse_decoding(monkeypatch) -> list:
+    """Every pixel decode of a file is recorded; a refusal from the segments decodes nothing."""
+    decoded = []
+    real_load = ImageFile.ImageFile.load
+
+    def spy(self):
+        decoded.append(self.size)
+        return real_load(self)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", spy)
+    return decoded
+
+
+def test_scan_bomb_is_refused_before_decoding(monkeypatch):
+    """A ~40 MP grey progressive JPEG whose last scan is repeated: libjpeg decodes every scan
+    over all 618,750 blocks (~44 ms each here), so it is refused from its segments alone, by
+    every entry point the services use."""
+    bomb = scan_bomb_jpeg()
+    decoded = _refuse_decoding(monkeypatch)
+    for entry in (food11.load_image, food11.preprocess, food11.check_image_header,
+                  lambda data: food11.preprocess_base64(base64.b64encode(data))):
+        with pytest.raises(food11.ImageTooLargeError) as e:
+            entry(bomb)
+        assert e.value.status == 413 and e.value.code == "image_too_large"
+        assert "scans" in e.value.message and "618750 blocks" in e.value.message, e.value.message
+    assert decoded == []
+
+
+def test_scan_limits_count_scans_and_passes_over_the_blocks():
+    plain = _encode(Image.new("L", (640, 480), 128), "JPEG", progressive=True)  # libjpeg's 6 grey scans
+    layout = food11.jpeg_layout(plain)
+    assert len(layout.scans) == 6 and layout.blocks == {1: 80 * 60}
+    last, end = plain.rindex(b"\xff\xda"), plain.rindex(b"\xff\xd9")
+    assert layout.scan_end == end
+    ten_more = plain[:end] + plain[last:end] * 10 + plain[end:]   # 16 scans, each over every block
+    assert len(food11.jpeg_layout(ten_more).scans) == 16
+    with pytest.raises(food11.ImageTooLargeError, match="more than 15 scans"):
+        food11.jpeg_layout(ten_more, max_scans=15)
+    with pytest.raises(food11.ImageTooLargeError, match="more than 15 times"):
+        food11.jpeg_layout(ten_more, max_passes=15)
+    eleven_more = plain[:end] + plain[last:end] * 11 + plain[end:]  # 17 passes: over the default 16
+    with pytest.raises(food11.ImageTooLargeError):
+        food11.load_image(eleven_more)
+    assert food11.load_image(ten_more).size == (640, 480)
+
+
+@pytest.mark.parametrize("mode,options", [
+    ("RGB", {"progressive": True}), ("RGB", {"progressive": True, "subsampling": 0, "optimize": True}),
+    ("L", {"progressive": True}), ("CMYK", {"progressive": True}), ("RGB", {"restart_marker_rows": 1}),
+    ("RGB", {"progressive": True, "restart_marker_blocks": 3}), ("RGB", {"quality": 100, "subsampling": 0}),
+])
+def test_photos_pass_the_structure_checks_and_decode_unchanged(mode, options):
+    """Noise makes the entropy-coded data hold stuffed 0xFF00 bytes (and restart markers where
+    asked), which the walk must step over; the pixels are those Pillow decodes by itself."""
+    noise = np.random.default_rng(3).integers(0, 256, (301, 402, 3), dtype=np.uint8)
+    data = _encode(Image.fromarray(noise).convert(mode), "JPEG", **options)
+    layout = food11.jpeg_layout(data)
+    assert layout.scan_end == data.rindex(b"\xff\xd9") and layout.missing_part() is None
+    assert len(layout.scans) == {"RGB": 10, "L": 6, "CMYK": 18}[mode] if options.get("progressive") else 1
+    ours = food11.load_image(data)
+    with Image.open(io.BytesIO(data)) as img:
+        theirs = img.convert("RGB")
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+def test_many_segments_or_junk_between_them_are_refused(sample_paths):
+    """Pillow reads the segments before the first scan in Python, byte by byte between them:
+    8 MB of junk after APP0 cost 0.9 s of CPU, 100,000 empty comments 0.15 s."""
+    jpeg = next(p for p in sample_paths if p.suffix == ".jpg").read_bytes()
+    app0_end = 4 + int.from_bytes(jpeg[4:6], "big")
+    comments = jpeg[:2] + b"\xff\xfe\x00\x02" * 2000 + jpeg[2:]          # limits: 1,000 segments,
+    junk = jpeg[:app0_end] + b"\x00" * 100_000 + jpeg[app0_end:]          # 64 KiB of junk
+    for data, says in ((comments, "marker segments"), (junk, "outside its segments")):
+        with pytest.raises(food11.ImageTooLargeError, match=says):
+            food11.check_image_header(data)
+    few = jpeg[:2] + b"\xff\xfe\x00\x02" * 20 + jpeg[2:app0_end] + b"\x00" * 100 + jpeg[app0_end:]
+    assert food11.load_image(few).size == food11.load_image(jpeg).size
+
+
+def test_jpeg_cut_short_then_given_its_end_marker_is_truncated(sample_paths):
+    """libjpeg decodes a JPEG cut short without an error when an end marker follows (it fills
+    the rest from zero bits): rice_plate.jpg[:1000] + FFD9 was classified. Cut anywhere, with
+    or without reduced-size decoding, it is a 400 truncated_image."""
+    assert food11.TruncatedImageError.code == "truncated_image"
+    with pytest.raises(food11.TruncatedImageError):
+        food11.preprocess(truncated_jpeg_with_end())
+    for path in sample_paths:
+        if path.suffix != ".jpg":
+            continue
+        data = path.read_bytes()
+        end = data.rindex(b"\xff\xd9")
+        for cut in (end // 3, end // 2, end * 9 // 10, end - 64):
+            for limits in ({}, {"draft_size": food11.DRAFT_SIZE}):
+                with pytest.raises(food11.TruncatedImageError):
+                    food11.load_image(data[:cut] + b"\xff\xd9", **limits)
+        assert food11.load_image(data).size == Image.open(io.BytesIO(data)).size  # whole: decoded
+
+
+def test_progressive_jpeg_missing_its_last_scans_is_truncated(sample_paths):
+    """A progressive JPEG cut between scans (or inside one) and given an end marker lacks the
+    scans that carry the rest of its coefficients: refused from the segments, before decoding."""
+    rice = next(p for p in sample_paths if p.name == "rice_plate.jpg")
+    data = _encode(Image.open(rice), "JPEG", progressive=True)
+    scans = [m.start() for m in re.finditer(rb"\xff\xda", data)]
+    assert len(scans) == 10
+    for cut in (scans[3], scans[-1], (scans[2] + scans[3]) // 2):
+        with pytest.raises(food11.TruncatedImageError, match="coefficients"):
+            food11.check_image_header(data[:cut] + b"\xff\xd9")
+    assert food11.load_image(data).size == (1024, 768)

@@ -83,6 +83,49 @@ def test_committed_node_configs_are_the_generated_ones_and_validate(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_haproxy_cuts_off_a_client_that_sends_its_headers_slowly(tmp_path):
+    """The real HAProxy with the generated config: a client that sends one header line a second
+    and never ends its headers. `timeout client` counts only silence, so without `timeout
+    http-request` such a client kept its connection (one of maxconn) for good; now HAProxy answers
+    408 and closes it after TIMEOUT_HTTP_REQUEST_S (10 s). Nothing is timed: the client sends lines
+    for up to 40 s and the test asks whether HAProxy cut it off before it gave up."""
+    import select
+    import socket
+    import subprocess
+
+    front = procs.free_port()
+    cfg = tmp_path / "haproxy.cfg"   # a replica that nothing serves: the request never gets that far
+    cfg.write_text(scale.haproxy_config([("r0", f"127.0.0.1:{procs.free_port()}")],
+                                        {"roundrobin": f"127.0.0.1:{front}"}))
+    proxy = subprocess.Popen([scale.HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:   # until HAProxy listens
+            try:
+                sock = socket.create_connection(("127.0.0.1", front), timeout=5)
+                break
+            except OSError:
+                assert proxy.poll() is None and time.monotonic() < deadline, "haproxy did not start"
+                time.sleep(0.1)
+        with sock:
+            sock.sendall(b"POST /v2/models/x/infer HTTP/1.1\r\nHost: lab\r\n")
+            answer, lines = b"", 0
+            while lines < 40:
+                if select.select([sock], [], [], 1.0)[0]:
+                    answer = sock.recv(4096)
+                    break
+                try:
+                    sock.sendall(f"X-Slow-{lines}: one line a second\r\n".encode())
+                except OSError:   # closed without an answer
+                    break
+                lines += 1
+        assert answer.startswith(b"HTTP/1.1 408"), (lines, answer[:100])
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=10)
+
+
 # --------------------------------------------------------------------------
 # The live lab: 2 replicas, HAProxy, Prometheus (no single Triton: not needed here)
 # --------------------------------------------------------------------------

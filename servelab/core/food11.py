@@ -18,6 +18,7 @@ import base64
 import binascii
 import io
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -56,7 +57,8 @@ MAX_IMAGE_PIXELS = int(os.environ.get("SERVELAB_MAX_IMAGE_PIXELS", 40_000_000))
 # ~0.9 s of CPU against ~3 ms for a photo. Images over RATIO_FREE_PIXELS must
 # carry at least one byte per MAX_PIXELS_PER_BYTE pixels (photos carry one per
 # 1-10 pixels; a diagram saved as PNG one per 10-50). JPEGs are exempt: they
-# are decoded at reduced size (see load_image's draft_size), which is cheap.
+# are decoded at reduced size (see load_image's draft_size), which is cheap,
+# and their scans are bounded instead (MAX_JPEG_SCANS, MAX_JPEG_PASSES below).
 MAX_PIXELS_PER_BYTE = int(os.environ.get("SERVELAB_MAX_PIXELS_PER_BYTE", 64))
 RATIO_FREE_PIXELS = 4_000_000
 
@@ -107,6 +109,150 @@ class Prediction:
 
     def as_dict(self) -> dict:
         return {"prediction": self.label, "probability": self.probability}
+
+
+# --------------------------------------------------------------------------
+# A JPEG's structure, read before anything is decoded
+# --------------------------------------------------------------------------
+#
+# A JPEG is a list of marker segments (0xFF, a code, a 2-byte length, the body); after each
+# SOS (start of scan, 0xFFDA) header comes entropy-coded data, which runs to the next 0xFF
+# that is not a stuffed 0xFF00, a fill 0xFF or a restart marker (0xFFD0-0xFFD7). A progressive
+# JPEG sends its picture in several scans, and libjpeg decodes every scan over every 8x8 block
+# it covers, however few bytes the scan has: a 6000x6600 grey JPEG whose 61-byte last scan is
+# repeated 2,000 times (277 KB) took 88 s of CPU here, decoded at 1/8 scale or not (issue 48).
+# Photos are far from that: libjpeg's (and so Pillow's) progressive JPEG has 10 scans (6 grey,
+# 18 CMYK) that go over the picture's blocks 4.7-6 times in all; mozjpeg keeps a subset of its
+# 64 candidate scans (luma refined in up to 3 more steps, so a few passes more at most). Over
+# either limit below the image is refused before decoding; at the limits a 40-megapixel scan
+# bomb costs ~0.7 s here, near what a 40-megapixel progressive photo does (0.55 s).
+MAX_JPEG_SCANS = int(os.environ.get("SERVELAB_MAX_JPEG_SCANS", 64))
+MAX_JPEG_PASSES = int(os.environ.get("SERVELAB_MAX_JPEG_PASSES", 16))
+# Walking the segments is a Python loop, and Pillow reads those before the first scan in Python
+# too, byte by byte between segments (8 MB of junk after APP0: 0.9 s of CPU; 100,000 empty
+# comments: 0.15 s). A photo has a few dozen segments and no junk.
+MAX_JPEG_SEGMENTS = 1000
+MAX_JPEG_JUNK_BYTES = 64 * 1024
+
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}   # frame headers (0xC4 DHT, 0xCC DAC)
+_PROGRESSIVE_SOF = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
+_NO_LENGTH = frozenset({0x01, *range(0xD0, 0xD8)})                   # TEM, RST0-7: a code and nothing else
+_NEXT_MARKER = re.compile(rb"\xff[^\x00\xff]")                      # between segments: as libjpeg looks
+_END_OF_SCAN = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")              # in a scan: restarts are part of it
+# Put in place of the end marker of a one-scan JPEG (see _open_checked). libjpeg-turbo reads up
+# to 57 bits ahead of the bits it decodes: 8 bytes is the least with which every whole scan
+# tried here decoded; 16 for a margin (a cut scan then gets at most 128 zero bits to use up).
+_JPEG_PAD = b"\x00" * 16
+
+
+@dataclass(frozen=True)
+class JpegLayout:
+    """What the segments of a JPEG say. ``scans``: (component ids, Ss, Se, Al) per SOS;
+    ``scan_end``: where the entropy-coded data of the last scan stops at a marker (None when
+    the data ends inside it)."""
+
+    sof: int | None
+    blocks: dict[int, int]
+    scans: tuple[tuple[tuple[int, ...], int, int, int], ...]
+    scan_end: int | None
+
+    def missing_part(self) -> str | None:
+        """What part of the picture no scan carries (a file cut short, then given an end marker),
+        or None when every component's every coefficient arrives in full (or this is a kind of
+        JPEG this check does not judge: lossless, hierarchical, no frame or no scan)."""
+        if self.sof not in (0xC0, 0xC1, 0xC2, 0xC9, 0xCA) or not self.scans or not self.blocks:
+            return None
+        if self.sof not in _PROGRESSIVE_SOF:  # sequential: every component in some scan
+            sent = {c for comps, *_ in self.scans for c in comps}
+            lost = [c for c in self.blocks if c not in sent]
+            return f"component {lost[0]} has no scan" if lost else None
+        # progressive: every coefficient (0 the DC, 1-63 the AC) down to its last bit (Al = 0)
+        low = {c: [99] * 64 for c in self.blocks}
+        for comps, ss, se, al in self.scans:
+            for c in comps:
+                row = low.get(c)
+                for k in range(ss, min(se, 63) + 1) if row else ():
+                    row[k] = min(row[k], al)
+        for c, row in low.items():
+            if any(row):
+                return f"component {c} lacks {sum(1 for a in row if a)} of its 64 coefficients or their last bits"
+        return None
+
+    def one_sequential_scan(self) -> bool:
+        """A baseline (or extended) Huffman JPEG in one scan of every component, whose data
+        stops at a marker: what :func:`_open_checked` decodes without its end marker."""
+        return (self.sof in (0xC0, 0xC1) and len(self.scans) == 1 and self.scan_end is not None
+                and set(self.scans[0][0]) == set(self.blocks))
+
+
+def _jpeg_blocks(frame: bytes) -> dict[int, int]:
+    """Component id → its 8x8 blocks, from an SOFn body (P, Y, X, Nf, then Nf x (id, HV, Tq)):
+    a component sampled at h/hmax across and v/vmax down covers that share of the picture."""
+    height, width, count = int.from_bytes(frame[1:3], "big"), int.from_bytes(frame[3:5], "big"), frame[5]
+    if count == 0 or len(frame) < 6 + 3 * count:
+        return {}
+    comps = [(frame[6 + 3 * i], frame[7 + 3 * i] >> 4, frame[7 + 3 * i] & 15) for i in range(count)]
+    hmax, vmax = max(h for _, h, _ in comps) or 1, max(v for _, _, v in comps) or 1
+
+    def ceil(a: int, b: int) -> int:
+        return -(-a // b)
+    return {cid: ceil(ceil(width * h, hmax), 8) * ceil(ceil(height * v, vmax), 8) for cid, h, v in comps}
+
+
+def jpeg_layout(data: bytes, max_scans: int | None = None, max_passes: int | None = None) -> JpegLayout | None:
+    """Walk a JPEG's marker segments up to its end marker, decoding nothing, and refuse (413)
+    a structure out of proportion to a photo: too many scans, scans that go over the picture's
+    blocks too many times, too many segments or too much junk between them. None when ``data``
+    is not a JPEG (the decoder judges what the walk cannot read)."""
+    max_scans = MAX_JPEG_SCANS if max_scans is None else max_scans
+    max_passes = MAX_JPEG_PASSES if max_passes is None else max_passes
+    if data[:3] != b"\xff\xd8\xff":
+        return None
+    sof, blocks, scans, scan_end = None, {}, [], None
+    pos, segments, junk, work, size = 2, 0, 0, 0, len(data)
+    while pos < size:
+        found = _NEXT_MARKER.search(data, pos)
+        if found is None:
+            break
+        junk += found.start() - pos - data.count(b"\xff", pos, found.start())   # fill 0xFF bytes are allowed
+        marker, pos = data[found.start() + 1], found.start() + 2
+        segments += 1
+        if segments > MAX_JPEG_SEGMENTS or junk > MAX_JPEG_JUNK_BYTES:
+            what = (f"more than {MAX_JPEG_SEGMENTS} marker segments" if segments > MAX_JPEG_SEGMENTS
+                    else f"more than {MAX_JPEG_JUNK_BYTES} bytes outside its segments")
+            raise ImageTooLargeError(f"The JPEG has {what} (a photo has a few dozen segments and nothing "
+                                     "between them); reading it would cost CPU out of proportion to a photo.")
+        if marker in (0xD8, 0xD9):   # a second start (the decoder refuses it), or the end
+            break
+        if marker in _NO_LENGTH:
+            continue
+        length = int.from_bytes(data[pos:pos + 2], "big")
+        if length < 2 or pos + length > size:
+            break
+        body, pos = data[pos + 2:pos + length], pos + length
+        if marker in _SOF_MARKERS and sof is None and len(body) >= 6:
+            sof, blocks = marker, _jpeg_blocks(body)
+        elif marker == 0xDA and body:
+            comps = tuple(body[1 + 2 * i] for i in range(min(body[0], (len(body) - 1) // 2)))
+            tail = body[1 + 2 * len(comps):]
+            ss, se, al = (tail[0], tail[1], tail[2] & 15) if len(tail) >= 3 else (0, 63, 0)
+            scans.append((comps, ss, se, al))
+            work += sum(blocks.get(c, 0) for c in comps)
+            if len(scans) > max_scans:
+                raise ImageTooLargeError(
+                    f"The JPEG has more than {max_scans} scans (a progressive photo has about 10): each scan is "
+                    "decoded over the whole picture, so this file would cost CPU out of proportion to its size.")
+            total = sum(blocks.values())
+            if total and work > max_passes * total:
+                raise ImageTooLargeError(
+                    f"The JPEG's scans go over its {total} blocks of 8x8 pixels more than {max_passes} times "
+                    "(a progressive photo: 5 or 6); decoding it would cost CPU out of proportion to a photo.")
+            end = _END_OF_SCAN.search(data, pos)
+            scan_end = end.start() if end else None
+            if end is None:
+                break
+            pos = end.start()
+    return JpegLayout(sof, blocks, tuple(scans), scan_end)
 
 
 # --------------------------------------------------------------------------
@@ -194,7 +340,7 @@ NOT_AN_IMAGE_MESSAGE = "The data is not an image PIL can read (expected JPEG, PN
 
 def _open_checked(data: bytes, max_bytes: int | None, max_pixels: int | None) -> Image.Image:
     """Open (header only: no pixel is decoded) and apply every limit that the
-    header alone can decide: bytes, format, pixels, pixels per byte."""
+    header alone can decide: bytes, format, a JPEG's structure, pixels, pixels per byte."""
     max_bytes = MAX_IMAGE_BYTES if max_bytes is None else max_bytes
     max_pixels = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
     if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -203,7 +349,19 @@ def _open_checked(data: bytes, max_bytes: int | None, max_pixels: int | None) ->
         raise NotAnImageError("The image is empty (0 bytes).")
     if len(data) > max_bytes:
         raise ImageTooLargeError(f"The image is {len(data)} bytes; the limit is {max_bytes}.")
-    img = Image.open(io.BytesIO(bytes(data)), formats=_OPENERS)
+    data = bytes(data)
+    jpeg = jpeg_layout(data)  # scans and segments counted; refused here if out of proportion to a photo
+    missing = jpeg.missing_part() if jpeg else None
+    if missing:
+        raise TruncatedImageError(f"The image is truncated: its data ends before all its pixels ({missing}).")
+    if jpeg and jpeg.one_sequential_scan():
+        # A JPEG cut short and given its end marker back decodes without an error: libjpeg fills
+        # the missing blocks from zero bits (issue 48: rice_plate.jpg[:1000] + FFD9 was called
+        # "Bread"). So a one-scan JPEG (what cameras and most encoders write) is decoded from its
+        # scan followed by zero bytes instead of the end marker: a whole scan never reads them
+        # (the same pixels, bit for bit), a cut one runs out of data and is reported truncated.
+        data = data[:jpeg.scan_end] + _JPEG_PAD
+    img = Image.open(io.BytesIO(data), formats=_OPENERS)
     width, height = img.size
     pixels = width * height
     if width <= 0 or height <= 0:

@@ -66,6 +66,10 @@ RETRIES = 3
 # Triton's queue can hold a request for many seconds under overload: the server timeout must outlast
 # the load generator's (30 s).
 TIMEOUT_SERVER_S = 60
+# A request's headers are a few hundred bytes: 10 s is ample on any link, and a slow-header
+# client holds a connection at most that long (the kit's load generator reconnects when a
+# kept-alive connection was closed while idle).
+TIMEOUT_HTTP_REQUEST_S = 10
 
 
 class ScaleError(RuntimeError):
@@ -96,6 +100,11 @@ def haproxy_config(replicas: Sequence[tuple[str, str]], frontends: Mapping[str, 
         "    mode http",
         "    timeout connect 2s",
         "    timeout client 60s",
+        # The whole header block must arrive within this, and a kept-alive connection may idle no
+        # longer: `timeout client` counts only silence, so a client sending a header line every
+        # few seconds held its connection (one of maxconn) for as long as it liked (issue 48).
+        f"    timeout http-request {TIMEOUT_HTTP_REQUEST_S}s",
+        f"    timeout http-keep-alive {TIMEOUT_HTTP_REQUEST_S}s",
         f"    timeout server {TIMEOUT_SERVER_S}s",
         "    timeout check 2s",
         # A request that cannot reach its replica (connection refused: the replica died) is tried

@@ -77,7 +77,8 @@ def _error_schema(example_code: str, example_message: str) -> dict:
 ERROR_RESPONSES: dict = {
     400: {"description": "The image field is not base64, not an image, or a truncated image.",
           **_error_schema("not_an_image", "The data is not an image PIL can read (expected JPEG, PNG, ...).")},
-    413: {"description": "The request body or the image is too large (bytes or pixels).",
+    413: {"description": "The request body or the image is too large (bytes or pixels, or a JPEG whose scans "
+                         "would cost decoding out of proportion to a photo).",
           **_error_schema("image_too_large", "The image is 20000x20000 = 400000000 pixels; the limit is 40000000.")},
     415: {"description": "The request body is not JSON (send Content-Type: application/json).",
           **_error_schema("unsupported_media_type", "Send the request body as JSON with Content-Type: application/json.")},

@@ -4,6 +4,7 @@ and the test modules)."""
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import struct
 import sys
@@ -82,6 +83,24 @@ def first_jpeg() -> bytes:
 def truncated_jpeg() -> bytes:
     data = first_jpeg()
     return data[: len(data) // 2]
+
+
+def truncated_jpeg_with_end() -> bytes:
+    """A JPEG cut short and given its end marker back (issue 48: classified "Bread" before)."""
+    return sample_bytes("rice_plate.jpg")[:1000] + b"\xff\xd9"
+
+
+@functools.lru_cache(maxsize=None)
+def scan_bomb_jpeg(repeats: int = 200, size: tuple[int, int] = (6000, 6600)) -> bytes:
+    """A progressive-JPEG scan bomb (issue 48): a flat grey picture of ``size`` (~40 megapixels,
+    under the pixel limit) whose last scan (~60 bytes) is repeated ``repeats`` times before the end
+    marker. libjpeg decodes every scan over all 618,750 blocks: ~44 ms of CPU per repeat here, so
+    the issue's 2,000 cost 88 s; 200 keep a decode on code without the check to seconds."""
+    buf = io.BytesIO()
+    Image.new("L", size, 128).save(buf, "JPEG", progressive=True)
+    data = buf.getvalue()
+    last_scan, end = data.rindex(b"\xff\xda"), data.rindex(b"\xff\xd9")
+    return data[:end] + data[last_scan:end] * repeats + data[end:]
 
 
 def png_declaring(width: int, height: int) -> bytes:

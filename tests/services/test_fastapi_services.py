@@ -13,7 +13,7 @@ import requests
 from servelab.core import food11, paths
 from servelab.serve import serving
 
-from .helpers import b64, bomb_png, first_jpeg, post_good, truncated_jpeg
+from .helpers import b64, bomb_png, first_jpeg, post_good, scan_bomb_jpeg, truncated_jpeg, truncated_jpeg_with_end
 
 
 def _cuda_here(service: str) -> bool:
@@ -117,7 +117,10 @@ BAD_INPUTS = [
     ("valid base64, not an image", lambda: {"json": {"image": b64(b"just some text, not a JPEG" * 10)}},
      400, "not_an_image"),
     ("truncated JPEG", lambda: {"json": {"image": b64(truncated_jpeg())}}, 400, "truncated_image"),
+    ("truncated JPEG with its end marker", lambda: {"json": {"image": b64(truncated_jpeg_with_end())}},
+     400, "truncated_image"),
     ("decompression bomb", lambda: {"json": {"image": b64(bomb_png())}}, 413, "image_too_large"),
+    ("progressive JPEG scan bomb", lambda: {"json": {"image": b64(scan_bomb_jpeg())}}, 413, "image_too_large"),
     ("image bytes over the limit", lambda: {"json": {"image": "A" * (serving.MAX_BASE64_CHARS + 8)}},
      413, "image_too_large"),
     ("body over the limit", lambda: {"data": _huge_body(OVER_BODY_LIMIT), "headers": JSON}, 413, "body_too_large"),

@@ -14,7 +14,7 @@ import pytest
 from servelab.core import food11, paths, procs
 from servelab.serve import flask_backends
 
-from .helpers import REPO, bomb_png, first_jpeg, start_flask, truncated_jpeg
+from .helpers import REPO, bomb_png, first_jpeg, scan_bomb_jpeg, start_flask, truncated_jpeg, truncated_jpeg_with_end
 
 _loaded = 0
 
@@ -92,10 +92,14 @@ def test_upload_shows_label_probability_backend_latency_and_note(client):
     ("truncated JPEG", None, 400),
     ("empty file", b"", 400),
     ("decompression bomb", None, 413),
+    ("truncated JPEG with its end marker", None, 400),  # found by the model server's decoder
+    ("progressive JPEG scan bomb", None, 413),          # refused by the page's header check
 ])
 def test_bad_uploads_then_good(client, case, data, status):
     if data is None:
-        data = truncated_jpeg() if case == "truncated JPEG" else bomb_png()
+        data = {"truncated JPEG": truncated_jpeg, "decompression bomb": bomb_png,
+                "truncated JPEG with its end marker": truncated_jpeg_with_end,
+                "progressive JPEG scan bomb": scan_bomb_jpeg}[case]()
     r = upload(client, data)
     assert r.status_code == status, case
     assert 'id="error-message"' in r.get_data(as_text=True)

@@ -11,7 +11,7 @@ import pytest
 
 from servelab.core import food11
 from servelab.serve import flask_backends
-from tests.services.helpers import bomb_png, truncated_jpeg
+from tests.services.helpers import bomb_png, scan_bomb_jpeg, truncated_jpeg, truncated_jpeg_with_end
 
 PIPELINE_MODELS = ["food_pipeline", "food_preprocess", "food_classifier_onnx", "food_postprocess"]
 
@@ -62,9 +62,10 @@ def test_bad_images_in_a_batch_get_their_own_errors(pipeline_triton, sample_byte
         "dynamic_batching": {"max_queue_delay_microseconds": 200000},
     })
     good = list(sample_bytes.values())
-    bad = {"not_an_image": b"plain text, not a photo", "truncated_image": truncated_jpeg(),
-           "image_too_large": bomb_png()}
-    sent = [("ok", g) for g in good[:3]] + [(code, data) for code, data in bad.items()] + [("ok", good[0])]
+    bad = [("not_an_image", b"plain text, not a photo"), ("truncated_image", truncated_jpeg()),
+           ("truncated_image", truncated_jpeg_with_end()), ("image_too_large", bomb_png()),
+           ("image_too_large", scan_bomb_jpeg())]
+    sent = [("ok", g) for g in good[:3]] + bad + [("ok", good[0])]
     before = pipeline_triton.snapshot("food_preprocess")
     client = pipeline_triton.http_client(concurrency=len(sent))
     try:
@@ -113,7 +114,9 @@ def test_flask_page_on_the_pipeline(pipeline_triton, sample_bytes, monkeypatch):
     assert "triton_pipeline" in r.get_data(as_text=True)
     assert page.get("/test").get_json()["backend"] == "triton_pipeline"
     assert upload(truncated_jpeg()).status_code == 400   # found by Triton's decoder
+    assert upload(truncated_jpeg_with_end()).status_code == 400
     assert upload(bomb_png()).status_code == 413         # refused by the page's header check
+    assert upload(scan_bomb_jpeg()).status_code == 413
     assert page.get("/health").status_code == 200
 
 
@@ -126,9 +129,10 @@ def test_pipeline_backend_classifies_and_refuses(pipeline_triton, sample_bytes):
     assert result.prediction in food11.LABELS and 0 < result.probability <= 1
     assert result.backend == "triton_pipeline" and result.weights_kind in ("demo", "trained")
     # The header check passes a truncated JPEG: Triton's decoder finds it, the UI says 400.
-    with pytest.raises(flask_backends.BadUpload) as err:
-        backend.classify(truncated_jpeg())
-    assert err.value.status == 400 and err.value.code == "truncated_image"
+    for cut_short in (truncated_jpeg(), truncated_jpeg_with_end()):
+        with pytest.raises(flask_backends.BadUpload) as err:
+            backend.classify(cut_short)
+        assert err.value.status == 400 and err.value.code == "truncated_image"
 
 
 def test_first_request_after_load_with_and_without_warmup(pipeline_triton):

@@ -19,6 +19,7 @@ from servelab.triton import (
     load_config,
     reload_model,
 )
+from tests.services.helpers import scan_bomb_jpeg, truncated_jpeg_with_end
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -145,6 +146,8 @@ def test_bad_images_get_their_own_error(triton, sample_b64):
         base64.b64encode(b"this is not an image at all"): "not_an_image",
         b"@@not base64@@": "invalid_base64",
         base64.b64encode(base64.b64decode(sample_b64["soup_bowl.jpg"])[:600]): "truncated_image",
+        base64.b64encode(truncated_jpeg_with_end()): "truncated_image",
+        base64.b64encode(scan_bomb_jpeg()): "image_too_large",
     }
     for payload, code in cases.items():
         err = _error_of(lambda: http.infer("food_classifier", [_image_input(httpclient, [payload])]))
