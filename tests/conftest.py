@@ -7,6 +7,9 @@ import os
 
 import pytest
 
+# The three tiers (fast, integration, e2e): tests/tiers.py.
+pytest_plugins = ("tests.tiers",)
+
 
 @pytest.fixture(scope="session")
 def built_models():
@@ -28,7 +31,7 @@ def sample_paths():
 # `make test` runs in two phases: every test not marked ``quiet`` on three workers
 # (pytest-xdist, `-n 3`, the Makefile's WORKERS), then the ``quiet`` ones alone. A quiet test times something or
 # judges whether other work spoiled its runs, so it must not share the machine with another
-# test. Plain `pytest` runs everything in one process, in order.
+# test. Plain `pytest` runs the fast tier (tests/tiers.py) in one process, in order.
 #
 # On the workers a test file stays together, in its order (its module fixtures, such as a
 # running Triton, start once), except the files below, whose tests share nothing and are long.

@@ -20,6 +20,7 @@ import pytest
 
 from servelab.core import paths
 from servelab.gpucheck import pack, runner, summary
+from tests.tiers import tier
 
 REQUIRED_OK = ("probe", "models", "fastapi", "triton")
 
@@ -33,6 +34,7 @@ def _run_check(out: Path, *extra: str, timeout: float = 600) -> subprocess.Compl
 
 
 @pytest.fixture(scope="module")
+@tier("e2e")   # the gpu-check dry run
 def dry_run(tmp_path_factory, built_models):
     out = tmp_path_factory.mktemp("gpu-check")
     # The script's own ceiling is 240 s for --tiny; a loaded test machine gets more.

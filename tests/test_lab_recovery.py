@@ -17,6 +17,7 @@ import pytest
 from servelab.core import paths
 from servelab.course import lab
 from servelab.node import configs
+from tests.tiers import tier
 
 
 class _Health(BaseHTTPRequestHandler):
@@ -35,6 +36,7 @@ class _Health(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
+@tier("integration")   # a real HTTP server on loopback
 def server():
     handler = type("H", (_Health,), {"backend": "onnxruntime"})
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import tiers
 from tests.bench import figures
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,6 +129,7 @@ def test_every_benchmark_has_a_smoke_check():
 
 def run_tiny(name: str, tmp_path: Path, *more: str) -> dict:
     """Run ``benchmarks/<name> --tiny`` and check what EXPECTED promises; return its JSON."""
+    tiers.require("e2e", f"runs benchmarks/{name} --tiny")
     extra, codes, rows, json_ok = EXPECTED[name]
     out = tmp_path / "figures.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), "--tiny", "--json", str(out),
@@ -145,6 +147,7 @@ def run_tiny(name: str, tmp_path: Path, *more: str) -> dict:
     return data
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", [s for s in SCRIPTS if s not in ELSEWHERE])
 def test_benchmark_runs_tiny(name, tmp_path):
     """Each benchmark end to end at --tiny sizes. bench_naive.py is the slowest: it starts the kit's

@@ -78,6 +78,9 @@ def run_notebook(name: str, env: dict[str, str], timeout: int = 300, hooks: dict
     import nbclient
     import nbformat
 
+    from tests import tiers
+
+    tiers.require("e2e", f"executes notebook {name}")
     nb = nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
     kw = {"km": image_kernel(python_env)} if python_env else {"kernel_name": ensure_kernelspec()}
     client = nbclient.NotebookClient(

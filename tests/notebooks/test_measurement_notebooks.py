@@ -33,7 +33,7 @@ from .nbkit import (
 )
 
 # quiet: the notebooks' lesson checks time runs and judge whether other work spoiled them
-pytestmark = pytest.mark.quiet
+pytestmark = [pytest.mark.quiet, pytest.mark.e2e]
 
 # One setting sizes both executions: the reduced scale of servelab/course/reference.py, which
 # `servelab reference build --scale reduced` uses too. The lesson-scale runs are `make reference`.
