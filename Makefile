@@ -96,9 +96,10 @@ reference: models
 notebooks: setup
 	$(PY) -m servelab notebooks build
 
-# Longer fuzzing campaign (20x the cases `make test` runs).
+# Longer fuzzing campaign (20x the cases `make test` runs). Every tier of these files (-o addopts=:
+# the API and Flask fuzzers are integration tests), without the fast tier's hang guard (-p no:timeout).
 fuzz: models
-	SERVELAB_FUZZ=long $(PY) -m pytest tests/reliability/test_image_fuzz.py tests/reliability/test_api_fuzz.py tests/reliability/test_flask_fuzz.py -q
+	SERVELAB_FUZZ=long $(PY) -m pytest tests/reliability/test_image_fuzz.py tests/reliability/test_api_fuzz.py tests/reliability/test_flask_fuzz.py -q -o addopts= -p no:timeout
 
 # 50,000 requests at concurrency 16 (1 in 16 a large image) against FastAPI ONNX, Triton ONNX and
 # Triton's Python model; prints every process's RSS curve and whether it plateaus. Then reloads under load.

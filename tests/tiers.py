@@ -90,6 +90,8 @@ def pytest_configure(config):
                        ("e2e", "runs a notebook, a benchmark --tiny, the tour or the gpu-check dry run "
                                "(tier 3: `pytest -m e2e`)")):
         config.addinivalue_line("markers", f"{name}: {what}; tests/tiers.py")
+    if not config.pluginmanager.hasplugin("timeout"):   # -p no:timeout (make fuzz): its mark stays known
+        config.addinivalue_line("markers", "timeout(seconds): pytest-timeout's (not loaded in this run)")
     if not _hook_added:   # an audit hook cannot be removed: one per process, idle outside fast tests
         sys.addaudithook(_audit)
         _hook_added.append(True)
