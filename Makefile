@@ -6,12 +6,13 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.servelab-installed
 
-.PHONY: help setup sysdeps models demo test up down triton site reference notebooks doctor soak fuzz clean kit-archive \
+.PHONY: help setup sysdeps models demo test check up down triton site reference notebooks doctor soak fuzz clean kit-archive \
 	gpu-pack gpu-check compose-check
 
 help:
 	@echo "make demo   - set up, build models, run the local stack and benchmark tour (README's main command)"
 	@echo "make test   - set up and run the test suite (README's test command; .ci/run calls it)"
+	@echo "make check  - ruff and the fast tier of tests (plain pytest: no servers, a few minutes)"
 	@echo "make up / make down - keep the local stack running for the browser UI and Jupyter / stop it"
 	@echo "make models - build food11.pth / food11.onnx;  make site - render the lab as a static site"
 	@echo "make reference - re-run notebooks 4 and 6 and the tour; write the committed docs/reference/"
@@ -60,13 +61,19 @@ up: models
 down:
 	$(PY) -m servelab down
 
+# The fast tier only (tests/tiers.py: pure and in-process tests, each under a timeout; no server).
+# `make test` runs it too, with the integration and e2e tiers.
+check: setup models
+	$(BIN)/ruff check .
+	$(PY) -m pytest -q
+
 # Only Triton, in the foreground, on 127.0.0.1:8000/8001/8002 (Ctrl-C stops it).
 triton: models
 	$(PY) -m servelab triton start
 
 # Two phases (tests/conftest.py): the tests that time nothing on three workers, then the
 # `quiet` ones (they time runs, or judge whether other work spoiled them) alone. Both run;
-# either one failing fails `make test`. Plain `pytest` runs every test in one process.
+# either one failing fails `make test`. Each names its -m, so every tier runs (plain `pytest`: the fast tier).
 # Three workers even on two cores: phase 1's tests often wait on a server starting, and a third
 # keeps the cores busy (2 idle cores, 2026-11-26: phase 1 580 s on two workers, 509 s on three).
 WORKERS ?= 3
@@ -93,9 +100,10 @@ reference: models
 notebooks: setup
 	$(PY) -m servelab notebooks build
 
-# Longer fuzzing campaign (20x the cases `make test` runs).
+# Longer fuzzing campaign (20x the cases `make test` runs). Every tier of these files (-o addopts=:
+# the API and Flask fuzzers are integration tests), without the fast tier's hang guard (-p no:timeout).
 fuzz: models
-	SERVELAB_FUZZ=long $(PY) -m pytest tests/reliability/test_image_fuzz.py tests/reliability/test_api_fuzz.py tests/reliability/test_flask_fuzz.py -q
+	SERVELAB_FUZZ=long $(PY) -m pytest tests/reliability/test_image_fuzz.py tests/reliability/test_api_fuzz.py tests/reliability/test_flask_fuzz.py -q -o addopts= -p no:timeout
 
 # 50,000 requests at concurrency 16 (1 in 16 a large image) against FastAPI ONNX, Triton ONNX and
 # Triton's Python model; prints every process's RSS curve and whether it plateaus. Then reloads under load.

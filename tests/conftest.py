@@ -7,6 +7,9 @@ import os
 
 import pytest
 
+# The three tiers (fast, integration, e2e): tests/tiers.py.
+pytest_plugins = ("tests.tiers",)
+
 
 @pytest.fixture(scope="session")
 def built_models():
@@ -28,7 +31,7 @@ def sample_paths():
 # `make test` runs in two phases: every test not marked ``quiet`` on three workers
 # (pytest-xdist, `-n 3`, the Makefile's WORKERS), then the ``quiet`` ones alone. A quiet test times something or
 # judges whether other work spoiled its runs, so it must not share the machine with another
-# test. Plain `pytest` runs everything in one process, in order.
+# test. Plain `pytest` runs the fast tier (tests/tiers.py) in one process, in order.
 #
 # On the workers a test file stays together, in its order (its module fixtures, such as a
 # running Triton, start once), except the files below, whose tests share nothing and are long.
@@ -93,3 +96,30 @@ def pytest_collection_modifyitems(config, items):
     if not cuda:
         for item in marked:
             item.add_marker(pytest.mark.skip(reason="no CUDA device"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say how many of the notebooks' lesson checks were judged: a check whose runs a busy machine
+    spoiled prints *inconclusive* and is not evidence either way, so a test that passes with it
+    has not judged it (tests/notebooks/conftest.py records them; a test run on a worker sends them
+    in its report)."""
+    per_test: dict[str, dict] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) != "teardown":
+                continue
+            for key, entry in getattr(report, "user_properties", ()):
+                if key == "lesson_checks":
+                    tally = per_test.setdefault(report.nodeid, {})
+                    for k, v in entry.items():
+                        tally[k] = tally.get(k, 0) + v
+    if not per_test:
+        return
+    total = {k: sum(t.get(k, 0) for t in per_test.values()) for k in ("judged", "inconclusive")}
+    terminalreporter.write_sep("-", f"lesson checks: {total['judged']} judged, {total['inconclusive']} inconclusive "
+                                    "(a busy machine spoiled their runs: not evidence)")
+    for nodeid, t in sorted(per_test.items()):
+        again = f"; the first try missed {t['first_try_missed']}, so the notebook ran again" \
+            if t.get("first_try_missed") else ""
+        terminalreporter.write_line(f"{nodeid}: {t.get('judged', 0)} judged ({t.get('passed', 0)} passed, "
+                                    f"{t.get('failed', 0)} failed), {t.get('inconclusive', 0)} inconclusive{again}")

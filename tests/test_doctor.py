@@ -259,6 +259,7 @@ def test_no_gpu(tmp_path, pins):
 # Ports, disk, artifacts, ONNX versions, images, secrets
 # --------------------------------------------------------------------------
 
+@pytest.mark.integration   # holds a port busy
 def test_ports_free_and_busy():
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
+import warnings
 from pathlib import Path
 
 import pytest
 
 from servelab.core import paths
 from servelab.gpucheck import pack, runner, summary
+from tests.tiers import tier
 
 REQUIRED_OK = ("probe", "models", "fastapi", "triton")
 
@@ -31,6 +34,7 @@ def _run_check(out: Path, *extra: str, timeout: float = 600) -> subprocess.Compl
 
 
 @pytest.fixture(scope="module")
+@tier("e2e")   # the gpu-check dry run
 def dry_run(tmp_path_factory, built_models):
     out = tmp_path_factory.mktemp("gpu-check")
     # The script's own ceiling is 240 s for --tiny; a loaded test machine gets more.
@@ -39,7 +43,7 @@ def dry_run(tmp_path_factory, built_models):
     return out, proc
 
 
-def test_dry_run_runs_every_phase_and_writes_at_most_8_files(dry_run):
+def test_dry_run_runs_every_phase_and_writes_at_most_8_files(dry_run, tmp_path):
     out, proc = dry_run
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     files = sorted(p.name for p in out.iterdir() if p.is_file())
@@ -48,13 +52,29 @@ def test_dry_run_runs_every_phase_and_writes_at_most_8_files(dry_run):
     phases = {p["phase"]: p for p in data["phases"]}
     assert list(phases) == list(runner.PHASE_NAMES)
     for name, p in phases.items():
-        assert p["status"] in ("ok", "fail", "timeout", "skipped"), p
         if p["status"] != "ok":
             assert p.get("reason"), f"{name} is {p['status']} without a reason"
-    for name in REQUIRED_OK:
-        assert phases[name]["status"] == "ok", (name, phases[name].get("reason"), proc.stdout[-4000:])
-    # tour: ok, or a timeout on a loaded machine (said so); cuda_tests: ok (skipped on CPU) or the reason
-    assert phases["tour"]["status"] in ("ok", "timeout"), phases["tour"].get("reason")
+    # On a CPU every phase passes. cuda_tests too: its tests run and are skipped ("no CUDA device").
+    wrong = {name: (p["status"], p.get("reason")) for name, p in phases.items()
+             if p["status"] != "ok" and name != "tour"}
+    tally = phases["cuda_tests"].get("tally", "")
+    if not (re.search(r"\b\d+ skipped\b", tally) and not re.search(r"passed|failed|error", tally)):
+        wrong["cuda_tests tally"] = tally
+    tour = phases["tour"]
+    if tour["status"] == "timeout":
+        # The dry run's tour limit (runner.PHASES) is short; on a machine loaded by other tests it can
+        # run past it. That is no verdict on the tour: run the phase again, alone, with time to finish.
+        phase = next(p for p in runner.PHASES if p.name == "tour")
+        again = runner.run_phase(phase, 300, runner.phase_env(None, phase, "cpu"), tmp_path, "cpu", tiny=True)
+        if again["status"] == "ok":
+            warnings.warn(f"gpu-check dry run: the tour {tour['reason']}; alone it passed in {again['seconds']:.0f} s",
+                          stacklevel=1)
+        else:
+            wrong["tour"] = (f"{tour['reason']}; alone, {again['status']}: {again.get('reason')}",
+                             again["output"][-2000:])
+    elif tour["status"] != "ok":
+        wrong["tour"] = (tour["status"], tour.get("reason"), tour.get("output", "")[-2000:])
+    assert not wrong, (wrong, proc.stdout[-4000:])
     assert proc.returncode == (0 if all(p["status"] == "ok" for p in phases.values()) else 1)
 
 

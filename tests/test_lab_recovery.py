@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from servelab.core import paths
 from servelab.course import lab
 from servelab.node import configs
+from tests.tiers import tier
 
 
 class _Health(BaseHTTPRequestHandler):
@@ -34,6 +36,7 @@ class _Health(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
+@tier("integration")   # a real HTTP server on loopback
 def server():
     handler = type("H", (_Health,), {"backend": "onnxruntime"})
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -67,17 +70,31 @@ def test_wait_for_backend_returns_when_the_swap_lands(server, capsys):
     assert "serves pytorch now" in capsys.readouterr().out
 
 
-def test_wait_for_backend_defaults_to_minutes_not_a_quarter_hour():
-    import inspect
-
-    assert inspect.signature(lab.wait_for_backend).parameters["timeout_s"].default <= 300
+def test_wait_for_backend_defaults_to_minutes_not_a_quarter_hour(server, monkeypatch, capsys):
+    """Called as the notebook calls it (no timeout given), against a server that never swaps: on a
+    clock that jumps at each poll instead of sleeping, it gives up after minutes, within five."""
+    url, _ = server
+    clock = [1000.0]   # lab's own clock only (the real time module stays as it is for everything else)
+    monkeypatch.setattr(lab, "time", types.SimpleNamespace(
+        monotonic=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s)))
+    with pytest.raises(TimeoutError) as err:
+        lab.wait_for_backend(url, "pytorch")
+    waited = clock[0] - 1000.0
+    assert 60 <= waited <= 300 + 5, f"gave up after {waited:.0f} s"
+    assert f"within {round(waited / 60)} min" in str(err.value)
+    assert capsys.readouterr().out.count("waiting up to") == 1
 
 
 def test_the_swap_commands_match_the_stack():
     """The compose file, variable and service the swap commands name exist."""
     text = (paths.REPO_ROOT / "docker" / "docker-compose-fastapi.yaml").read_text()
     assert "${FASTAPI_APP:-fastapi_pt}" in text and "container_name: fastapi_server" in text
-    assert lab.FASTAPI_STACK == "~/serve-system-chi/docker/docker-compose-fastapi.yaml"
+    # FASTAPI_STACK is that compose file, in the kit's folder on the node (where notebook 2 puts the kit)
+    home, _, rel = lab.FASTAPI_STACK.partition("/docker/")
+    assert home == f"~/{paths.KIT_DIR_ON_NODE}", lab.FASTAPI_STACK
+    assert (paths.REPO_ROOT / "docker" / rel).read_text() == text, lab.FASTAPI_STACK
+    # and notebook 4 tells the learner the same swap command the helper prints
+    assert lab.SWAP_TO["onnxruntime"] in (paths.REPO_ROOT / "notebooks" / "src" / "4_fastapi.md").read_text()
 
 
 def test_the_kits_record_of_the_configs_is_the_shipped_configs():

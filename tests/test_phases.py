@@ -3,6 +3,7 @@ quiet, and a quiet mark hidden from that search stops the other phase's collecti
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,12 @@ CONFTEST = Path(__file__).with_name("conftest.py")
 
 
 def _collect(folder: Path, markexpr: str) -> subprocess.CompletedProcess:
+    # the copied conftest loads tests/tiers.py as tests.tiers: the repository on the path
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(CONFTEST.parents[1]),
+                                                                    os.environ.get("PYTHONPATH")])))
     return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                            "-m", markexpr], cwd=folder, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
 
 
 def test_quiet_phase_skips_other_files_and_a_hidden_quiet_mark_is_refused(tmp_path):

@@ -23,7 +23,10 @@ def test_input_json_shape_for_perf_analyzer():
     assert entry["INPUT_IMAGE"]["shape"] == [1]
     (b64,) = entry["INPUT_IMAGE"]["content"]
     img = food11.load_image(food11.decode_base64(b64))
-    assert img.format is None or img.size[0] > 0
+    # the picture perf_analyzer sends is the kit's soup sample, as the model decodes it
+    sample = food11.load_image((paths.SAMPLES_DIR / samples.INPUT_JSON_SAMPLE).read_bytes())
+    assert img.size == sample.size and img.mode == "RGB"
+    assert np.array_equal(np.asarray(img), np.asarray(sample))
     assert food11.decode_base64(b64)[:2] == b"\xff\xd8"  # a JPEG
 
 

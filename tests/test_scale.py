@@ -174,6 +174,7 @@ def _scraped_after(prometheus: str, match: str, after: float, timeout: float = 3
         time.sleep(0.25)
 
 
+@pytest.mark.integration   # Triton replicas, HAProxy, Prometheus
 def test_prometheus_metric_equals_tritons_own_statistics(lab):
     """servelab.core.scaling.promql(), evaluated by Prometheus over a window that holds a whole burst,
     gives the same queue time per request as Triton's /stats (both replicas summed)."""
@@ -234,6 +235,7 @@ def test_prometheus_metric_equals_tritons_own_statistics(lab):
         scaling.query(lab.urls["prometheus"], "sum(delta(")
 
 
+@pytest.mark.integration   # Triton replicas, HAProxy, Prometheus
 def test_grpc_goes_through_haproxy_too(lab):
     """HTTP/2 end to end: tritonclient.grpc through each gRPC frontend; round-robin alternates."""
     import tritonclient.grpc as grpcclient
@@ -264,6 +266,7 @@ def test_grpc_goes_through_haproxy_too(lab):
             assert counts == [3, 3], counts
 
 
+@pytest.mark.integration   # Triton replicas, HAProxy, Prometheus
 def test_a_killed_replica_is_drained_and_nothing_fails_after_the_check_trips(lab):
     """Closed loop of 4 clients through the least-connections frontend; replica1's whole process
     group (wrapper, tritonserver, stubs) is SIGKILLed mid-run. Requests that fail do so before
@@ -316,6 +319,7 @@ def test_a_killed_replica_is_drained_and_nothing_fails_after_the_check_trips(lab
     assert not _shm([prefix]), "the killed replica's shared memory was not reaped"
 
 
+@pytest.mark.integration   # Triton replicas, HAProxy, Prometheus
 def test_cli_up_then_down_stops_everything_and_leaves_no_shared_memory(tmp_path):
     """`servelab scale up --replicas 1` returns with the lab running (its processes outlive the
     command, as after `servelab up`); `servelab down` stops every one of them."""

@@ -18,6 +18,8 @@ import pytest
 from servelab.core import paths, procs
 from servelab.local import stack
 
+pytestmark = pytest.mark.integration   # the local stack
+
 
 def _tree(pid: int) -> list[psutil.Process]:
     try:

@@ -12,6 +12,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from tests.tiers import tier
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive
@@ -76,6 +78,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
+@tier("integration")
 def tiny_server():
     """URL of a threaded keep-alive server on a free loopback port."""
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)

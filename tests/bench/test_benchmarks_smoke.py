@@ -1,10 +1,14 @@
 """Every ``benchmarks/*.py`` runs with ``--tiny`` (the skeleton's smallest
 sizes) and prints every row and JSON field it promises.
 
-Functional only: the figures from tiny runs on a shared machine mean nothing,
-so nothing here looks at a number's size (a benchmark's own PASS/FAIL verdict
-on its targets may go either way; a traceback may not). A new benchmark must
-add its rows to ``EXPECTED`` (the test fails for a script it does not know).
+The figures from tiny runs on a shared machine say nothing about their size,
+so nothing here judges it (a benchmark's own PASS/FAIL verdict on its targets
+may go either way; a traceback may not). What the figures must be whatever the
+machine is checked (tests/bench/figures.py): finite and positive, counts that
+add up, ratios that are the quotients of the figures they name, verdicts that
+follow from their values, the printed table equal to the JSON. A new benchmark
+must add its rows to ``EXPECTED`` (the test fails for a script it does not know)
+and its figures' rules to ``figures.PROBLEMS``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests import tiers
+from tests.bench import figures
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(p.name for p in (REPO / "benchmarks").glob("*.py"))
@@ -117,12 +124,12 @@ ELSEWHERE = {"bench_model_analyzer.py": "tests/triton/test_analyzer.py"}   # its
 
 def test_every_benchmark_has_a_smoke_check():
     assert set(SCRIPTS) == set(EXPECTED), "add the new benchmark's rows to EXPECTED"
-    for name, test_file in ELSEWHERE.items():
-        assert f'run_tiny("{name}"' in (REPO / test_file).read_text(), (name, test_file)
+    assert set(SCRIPTS) - set(ELSEWHERE) <= set(figures.PROBLEMS), "add the new benchmark's rules to figures.PROBLEMS"
 
 
 def run_tiny(name: str, tmp_path: Path, *more: str) -> dict:
     """Run ``benchmarks/<name> --tiny`` and check what EXPECTED promises; return its JSON."""
+    tiers.require("e2e", f"runs benchmarks/{name} --tiny")
     extra, codes, rows, json_ok = EXPECTED[name]
     out = tmp_path / "figures.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), "--tiny", "--json", str(out),
@@ -134,9 +141,13 @@ def run_tiny(name: str, tmp_path: Path, *more: str) -> dict:
     assert not missing, f"rows not printed: {missing}\n{log}"
     data = json.loads(out.read_text())
     assert json_ok(data), log
+    if name in figures.PROBLEMS:
+        problems = figures.PROBLEMS[name](data, proc.stdout, proc.returncode)
+        assert not problems, "figures that contradict each other:\n" + "\n".join(problems) + "\n" + log
     return data
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", [s for s in SCRIPTS if s not in ELSEWHERE])
 def test_benchmark_runs_tiny(name, tmp_path):
     """Each benchmark end to end at --tiny sizes. bench_naive.py is the slowest: it starts the kit's

@@ -8,6 +8,8 @@ from servelab import bench
 from servelab.bench import load
 from servelab.local import stack
 
+pytestmark = pytest.mark.integration   # real FastAPI servers
+
 
 @pytest.fixture(scope="module")
 def services(built_models):

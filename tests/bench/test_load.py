@@ -56,6 +56,7 @@ def test_mixed_errors_and_successes(tiny_server):
     assert r.errors == {"HTTP 503": 25} and r.ok == 75
 
 
+@pytest.mark.integration   # binds a port to find a closed one
 def test_connection_refused_counted():
     port = procs.free_port()
     r = bench.run(bench.HTTPTarget(f"http://127.0.0.1:{port}", "/"), bench.closed(2, requests=10, warmup=0))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from servelab.bench import http, load, table
 from servelab.core import procs
 from servelab.measure import tour
@@ -13,6 +15,7 @@ from servelab.measure import tour
 
 # Not quiet: the tour judges its own runs (a spoiled one is repeated, then its checks say inconclusive),
 # and this test asserts what the runs served and what the report shows, never a check's verdict.
+@pytest.mark.e2e   # the tour
 def test_tour_small(built_models, tmp_path):
     lines: list[str] = []
     # three sweep points (as notebook 6's reduced scale), not the lesson's seven: the refinement

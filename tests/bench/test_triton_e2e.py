@@ -14,7 +14,7 @@ from servelab.core import procs
 from servelab.triton import snapshot
 
 # quiet: the kit's client and perf_analyzer must agree on the same server's throughput
-pytestmark = pytest.mark.quiet
+pytestmark = [pytest.mark.quiet, pytest.mark.integration]   # integration: a real Triton
 
 
 @pytest.fixture(scope="module")

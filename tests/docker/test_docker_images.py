@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from servelab.core import paths
 from servelab.node import doctor
@@ -170,19 +171,75 @@ REQUIREMENTS = [REPO / "fastapi_pt" / "requirements.txt", REPO / "fastapi_onnx" 
 def test_requirements_are_pinned_and_installed_from_the_dockerfiles(req):
     pins = requirement_pins(req)  # asserts every line is name==version
     assert pins
-    assert pins.get("numpy") == ["1.26.4"], "numpy < 2 everywhere (Triton 2.51 stub, tritonclient 2.50)"
+    # numpy: one version in every image, and one the kit itself allows (pyproject: < 2, the Triton 2.51
+    # stub and tritonclient 2.50), so the images run what the kit's tests ran
+    everywhere = {v for r in REQUIREMENTS for v in requirement_pins(r).get("numpy", [])}
+    assert len(everywhere) == 1, f"the images pin different numpy versions: {sorted(everywhere)}"
+    assert pins.get("numpy") == sorted(everywhere), f"{req.name} pins no numpy"
+    assert Version(pins["numpy"][0]) in _kit_requirement("numpy").specifier, (pins["numpy"], _kit_requirement("numpy"))
     rel = req.relative_to(REPO).as_posix()
     assert any(rel in (d.read_text()) for d in DOCKERFILES), f"no Dockerfile installs {rel}"
 
 
 def test_python_310_images_get_versions_that_support_it():
     """The Triton and SDK images run Python 3.10: pins that dropped it need a marker."""
-    triton = requirement_pins(DOCKER / "requirements-triton.txt")
-    assert int(triton["pillow"][0].split(".")[0]) <= 12  # pillow 13 needs Python >= 3.11
+    triton = _pins_for_python(DOCKER / "requirements-triton.txt", "3.10")
+    sdk = _pins_for_python(DOCKER / "requirements-jupyter.txt", "3.10")
+    # The two Python 3.10 images agree on what they share (numpy, pillow: the kit's core).
+    assert {k: v for k, v in triton.items() if k in sdk} == {k: sdk[k] for k in triton if k in sdk}
+    assert {"numpy", "pillow"} <= triton.keys() & sdk.keys()
+    # A pin that is installed here (the kit's venv) declares which Pythons it supports: none of
+    # the 3.10 images' pins may be a release that declares it needs a newer one (pillow 13: >= 3.11).
+    for name, version in {**triton, **sdk}.items():
+        requires = _installed_requires_python(name, version)
+        assert requires is None or Version("3.10") in requires, f"{name}=={version} needs Python {requires}"
     lines = (DOCKER / "requirements-jupyter.txt").read_text().splitlines()
     for pkg in ("ipykernel", "pillow", "matplotlib"):
         markers = [ln for ln in lines if ln.startswith(pkg + "==")]
         assert any('python_version < "3.11"' in ln for ln in markers), pkg
+
+
+def _kit_requirement(name: str):
+    """The kit's own requirement on ``name``: pyproject.toml's dependencies, as the installed kit has them."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    (found,) = [r for r in map(Requirement, metadata.requires("servelab"))
+                if r.name.lower() == name and r.marker is None]
+    return found
+
+
+def _pins_for_python(path: Path, python: str) -> dict[str, str]:
+    """name -> version of the pins an image with Python ``python`` installs (markers evaluated)."""
+    from packaging.requirements import Requirement
+
+    pins = {}
+    for raw in path.read_text().splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({"python_version": python, "python_full_version": python + ".0"}):
+            (spec,) = req.specifier
+            pins[req.name.lower()] = spec.version
+    return pins
+
+
+def _installed_requires_python(name: str, version: str):
+    """The Requires-Python that ``name``'s installed release declares, when that release is
+    ``version``; None when another release (or none) is installed here."""
+    from importlib import metadata
+
+    from packaging.specifiers import SpecifierSet
+
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return None
+    if Version(dist.version) != Version(version):
+        return None
+    return SpecifierSet(dist.metadata.get("Requires-Python") or "")
 
 
 TORCH_PAIRS = {"2.7.1": "0.22.1"}  # torch -> the torchvision built against it

@@ -9,10 +9,14 @@ import shutil
 import urllib.error
 import urllib.request
 
+import pytest
+
 from servelab.core import procs
 from servelab.node import compose
 
 from .dockerkit import REPO, SECRETS, render, start_compose_triton
+
+pytestmark = pytest.mark.integration   # the compose file's Triton command on the real server
 
 
 def _post(url: str, key: str | None = None) -> int:

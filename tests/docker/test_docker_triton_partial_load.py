@@ -13,10 +13,14 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from servelab.core import procs
 from servelab.node import compose
 
 from .dockerkit import REPO, render, start_compose_triton
+
+pytestmark = pytest.mark.integration   # a real Triton
 
 
 def _start(tmp_path, repo, command):

@@ -14,6 +14,8 @@ from packaging.utils import canonicalize_name
 
 from tests.images import imagekit
 
+pytestmark = pytest.mark.integration   # builds the images' virtualenvs (minutes)
+
 
 @pytest.mark.parametrize("name", ["jupyter", "jupyter-sdk"])
 def test_jupyter_image_env_holds_exactly_the_dockerfiles_pins(name):

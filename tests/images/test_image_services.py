@@ -23,6 +23,8 @@ from servelab.core import paths, procs
 
 from . import imagekit as k
 
+pytestmark = pytest.mark.integration   # serves from the images' virtualenvs
+
 
 def _env(venv, **extra) -> dict[str, str]:
     """The image's environment: its Python first on PATH (the kit's venv off it),

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from . import nbkit
 from .nbkit import ensure_kernelspec
+
+
+@pytest.fixture(autouse=True)
+def _lesson_checks_reported(request):
+    """Hand what this test's lesson checks came to (nbkit.LESSON_CHECKS) to its report, so the
+    session's summary says how many were judged (tests/conftest.py, pytest_terminal_summary)."""
+    start = len(nbkit.LESSON_CHECKS)
+    yield
+    for entry in nbkit.LESSON_CHECKS[start:]:
+        request.node.user_properties.append(("lesson_checks", entry))
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ and collect its output."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -77,6 +78,9 @@ def run_notebook(name: str, env: dict[str, str], timeout: int = 300, hooks: dict
     import nbclient
     import nbformat
 
+    from tests import tiers
+
+    tiers.require("e2e", f"executes notebook {name}")
     nb = nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
     kw = {"km": image_kernel(python_env)} if python_env else {"kernel_name": ensure_kernelspec()}
     client = nbclient.NotebookClient(
@@ -107,6 +111,24 @@ def cell_text(cell) -> str:
         elif out.get("output_type") == "error":
             parts.append("\n".join(out.get("traceback", [])))
     return "".join(parts)
+
+
+def cell_output(nb, source_marker: str) -> str:
+    """What the one code cell whose source holds ``source_marker`` printed."""
+    (cell,) = [c for c in nb.cells if c.cell_type == "code" and source_marker in c.source]
+    return cell_text(cell)
+
+
+def printed_statuses(output: str) -> list[int]:
+    """The HTTP statuses a cell printed as ``print(r.status_code, r.json())`` does: a line that
+    starts with a three-digit status and then the JSON body's dict."""
+    return [int(s) for s in re.findall(r"^([1-5][0-9]{2}) \{", output, re.M)]
+
+
+# What each notebook test's lesson checks came to: how many were judged (passed or failed), how many
+# were inconclusive (a busy machine spoiled their runs), and whether a first try missed and the
+# notebook ran again. tests/notebooks/conftest.py hands them to the session's summary.
+LESSON_CHECKS: list[dict] = []
 
 
 def notebook_text(nb) -> str:

@@ -21,7 +21,7 @@ from .nbkit import REPO_ROOT, base_kernel_env, notebook_text, run_notebook
 from .test_measurement_notebooks import _no_failed_check
 
 # quiet: Model Analyzer's ranking and the notebook's own sweep are timings
-pytestmark = pytest.mark.quiet
+pytestmark = [pytest.mark.quiet, pytest.mark.e2e]
 
 REDUCED = reference.SCALES["reduced"]["6b_model_analyzer"]
 

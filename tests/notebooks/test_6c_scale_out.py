@@ -17,7 +17,7 @@ from .nbkit import LAST_KERNEL_ARGV, base_kernel_env, image_kernel_env, notebook
 from .test_measurement_notebooks import _no_failed_check, _run_with_one_retry
 
 # quiet: the notebook's lesson checks time runs and judge whether other work spoiled them
-pytestmark = pytest.mark.quiet
+pytestmark = [pytest.mark.quiet, pytest.mark.e2e]
 
 REDUCED = reference.SCALES["reduced"]["6c_scale_out"]
 

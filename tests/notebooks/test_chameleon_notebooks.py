@@ -28,6 +28,7 @@ import pytest
 
 from servelab.course import lessons
 from servelab.node import chameleon
+from tests.tiers import tier
 
 from .nbkit import (
     NOTEBOOKS_DIR,
@@ -91,6 +92,7 @@ def _make_site(tmp, **extra_env):
 
 
 @pytest.fixture(scope="module")
+@tier("e2e")   # the tests that use it execute notebooks
 def site(tmp_path_factory):
     """A fake site with an expired lease of ours and an active lease of a classmate; no KIT_REPO_URL."""
     site = _make_site(tmp_path_factory.mktemp("chameleon"))
@@ -303,6 +305,7 @@ def _run_edited(site, name, old, new):
     return nb
 
 
+@pytest.mark.e2e   # executes notebooks
 def test_1_a_later_start_is_submitted_pending_without_waiting(tmp_path):
     site = _make_site(tmp_path)
     start = (datetime.now(timezone.utc) + timedelta(days=2)).replace(minute=0, second=0, microsecond=0,
@@ -333,6 +336,7 @@ def test_1_a_later_start_is_submitted_pending_without_waiting(tmp_path):
     assert site["cloud"].load()["servers"] == {}
 
 
+@pytest.mark.e2e   # executes notebooks
 def test_2_unreachable_repository_url_fails_clearly_then_a_reachable_one_clones(tmp_path):
     url = "https://git.example.invalid/nobody/serve-system-chi.git"
     site = _make_site(tmp_path, KIT_REPO_URL=url)
@@ -365,6 +369,7 @@ def _node_clock(site) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.e2e   # executes notebooks
 def test_timeline_error_server_then_a_lease_about_to_end(tmp_path):
     """Notebooks 1 -> 2 -> 7 on the strict fake, along the usual faults: the first bare-metal deploy ends in
     ERROR (notebook 2 deletes only the server and starts it again); the lease clock on the node; the lease

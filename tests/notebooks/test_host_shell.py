@@ -321,6 +321,7 @@ def test_notebook_4_measures_pytorch_before_the_swap():
     assert any('sweep_of(FASTAPI_ONNX_URL, "onnxruntime")' in c for c in cells[swap:])
 
 
+@pytest.mark.integration   # a real server
 def test_notebook_4_refuses_to_label_another_backends_data():
     """The notebook's own `serves` check, against a server whose /health names the other backend."""
     import ast

@@ -202,6 +202,7 @@ def committed_site(tmp_path_factory):
     return out, pages
 
 
+@pytest.mark.integration   # drives headless Chromium
 def test_pages_fit_1280_and_390_px_without_hidden_code(committed_site):
     """Chromium opens the site built from the committed reference run. Full-page screenshots of
     every page at 1280 and 390 px, and one per figure of notebook 6's reference page, go to

@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 
 from servelab.core import procs
+from tests.tiers import tier
 
 
 @pytest.fixture(scope="session")
+@tier("integration")
 def triton(built_models):
     from servelab.triton import start
 

@@ -30,7 +30,7 @@ from servelab.serve import serving
 from .fuzzimages import COMMON_FORMATS, FINDINGS, expected_status, fuzz_settings, hostile_images, valid_images
 from .relsupport import good_predict, log_has_traceback, predict_body, start_fastapi
 
-pytestmark = pytest.mark.filterwarnings("ignore:IM image format is deprecated:DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:IM image format is deprecated:DeprecationWarning"), pytest.mark.integration]   # integration: fuzzes the real services
 
 TIMEOUT = 30  # seconds; a request that takes longer is a hang
 DOCUMENTED = {200, 400, 413, 415, 422}

@@ -259,6 +259,7 @@ def test_bench_refuses_oversized_input_files(kind, tmp_path):
 # Secrets in the process list (issue 15, item 2)
 # --------------------------------------------------------------------------
 
+@pytest.mark.integration   # a real Jupyter
 def test_local_jupyter_token_is_not_in_any_command_line(tmp_path):
     """Any local user can read /proc/<pid>/cmdline; the Jupyter token (a
     shell as the stack's user) must travel in the environment, which is

@@ -28,7 +28,7 @@ from servelab.serve import flask_backends
 from .fuzzimages import FINDINGS, expected_status, fuzz_settings, hostile_images, valid_images
 from .relsupport import REPO, log_has_traceback, sample_bytes, start_fastapi, start_flask
 
-pytestmark = pytest.mark.filterwarnings("ignore:IM image format is deprecated:DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:IM image format is deprecated:DeprecationWarning"), pytest.mark.integration]   # integration: fuzzes the real Flask server
 
 TIMEOUT = 30
 PROBE = f"servelab-probe-{uuid.uuid4().hex[:12]}"

@@ -24,6 +24,8 @@ from PIL import Image
 
 from .relsupport import predict_body, start_fastapi, start_flask, tree_rss
 
+pytestmark = pytest.mark.integration   # real servers under upload load
+
 PIXELS = 2_000_000
 SIDE = int(PIXELS ** 0.5)
 CONCURRENT = 16

@@ -16,6 +16,8 @@ import requests
 
 from .relsupport import sample_bytes, start_fastapi
 
+pytestmark = pytest.mark.integration   # real FastAPI servers
+
 
 @pytest.fixture(scope="module")
 def api(built_models):

@@ -30,6 +30,8 @@ from servelab.core import food11, procs
 
 from .relsupport import listening, non_loopback, sample_bytes, tree, wait_gone
 
+pytestmark = pytest.mark.integration   # the local stack
+
 STOP_LIMIT_S = 60.0      # stack.stop under load, worst case on a busy 2-core machine
 CLIENT_TIMEOUT = 120.0   # a client still waiting this long after stop would be a hang
 REPORT: dict = {}

@@ -23,6 +23,8 @@ import requests
 
 from .test_reload_under_load import _script
 
+pytestmark = pytest.mark.integration   # a real Triton
+
 # From the kill to the model answering again: detection (two 0.5 s looks),
 # the unload, and a fresh stub loading its model (the ONNX runner: 0.3 s idle,
 # 2-3 s measured here on a busy 2-core machine).

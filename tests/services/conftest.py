@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiers import tier
+
 from .helpers import start_fastapi
 
 CHROMIUM = os.environ.get("SERVELAB_CHROMIUM", "/usr/bin/chromium")
@@ -21,6 +23,7 @@ def service_logs(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+@tier("integration")
 def onnx_server(built_models, service_logs):
     server = start_fastapi("fastapi_onnx", service_logs)
     yield server
@@ -28,6 +31,7 @@ def onnx_server(built_models, service_logs):
 
 
 @pytest.fixture(scope="session")
+@tier("integration")
 def pt_server(built_models, service_logs):
     server = start_fastapi("fastapi_pt", service_logs)
     yield server
@@ -35,12 +39,14 @@ def pt_server(built_models, service_logs):
 
 
 @pytest.fixture(scope="session", params=["fastapi_pt", "fastapi_onnx"])
+@tier("integration")
 def fastapi_server(request):
     """Each FastAPI service in turn (both are started once per session)."""
     return request.getfixturevalue("pt_server" if request.param == "fastapi_pt" else "onnx_server")
 
 
 @pytest.fixture(scope="module")
+@tier("integration")
 def browser():
     """Debian's headless Chromium driven by Playwright (no browser is ever downloaded)."""
     from playwright.sync_api import sync_playwright

@@ -10,7 +10,7 @@ import requests
 
 from .helpers import post_good, start_fastapi
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.integration]   # they start servers on the GPU
 
 
 def test_fastapi_pytorch_reports_the_gpus_name(built_models, service_logs):

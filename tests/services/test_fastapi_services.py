@@ -193,6 +193,7 @@ def test_openapi_documents_the_contract(fastapi_server):
     assert spec["components"]["schemas"][ref]["required"] == ["image"]
 
 
+@pytest.mark.integration   # real FastAPI servers
 def test_env_knobs_device_and_workers(built_models, service_logs):
     """SERVELAB_DEVICE=cuda on a machine without a GPU (for ONNX Runtime) falls
     back to CPU and says so; SERVELAB_INFERENCE_WORKERS=1 gives one inference at a time."""

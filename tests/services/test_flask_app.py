@@ -149,6 +149,7 @@ def test_smoke_route_and_health(client):
     assert h.status_code == 200 and h.get_json()["backend"] == "fastapi"
 
 
+@pytest.mark.integration   # real servers
 def test_backend_down_gives_503_not_a_traceback(down_client):
     r = upload(down_client, first_jpeg())
     assert r.status_code == 503
@@ -176,6 +177,7 @@ def test_backend_choice_from_env():
         flask_backends.from_env({"INFERENCE_BACKEND": "tensorflow"})
 
 
+@pytest.mark.integration   # real servers
 def test_triton_backend_down_is_503():
     port = procs.free_port()
     for backend in (flask_backends.TritonBackend(f"127.0.0.1:{port}", "food_classifier"),
@@ -331,6 +333,7 @@ def test_flask_does_not_decode_what_the_backend_decodes(client, monkeypatch):
 
 
 @pytest.mark.parametrize("kind,decodes", [("triton", 0), ("triton_onnx", 1)])
+@pytest.mark.integration   # real servers
 def test_triton_backends_decode_once(monkeypatch, kind, decodes):
     port = procs.free_port()  # nothing listens: the call fails after the check
     module = load_app(monkeypatch, INFERENCE_BACKEND=kind, TRITON_SERVER_URL=f"127.0.0.1:{port}")

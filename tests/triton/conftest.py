@@ -10,6 +10,7 @@ import base64
 import pytest
 
 from servelab.core import food11, paths, procs
+from tests.tiers import tier
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +73,7 @@ def input_json_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+@tier("integration")
 def start_triton(tmp_path_factory, artifacts):
     """``start_triton(**kwargs)`` → a running TritonServer on free ports
     (the caller stops it)."""
@@ -87,6 +89,7 @@ def start_triton(tmp_path_factory, artifacts):
 
 
 @pytest.fixture(scope="session")
+@tier("integration")
 def lab_triton(start_triton):
     """One server with both models as the lab starts them, shared by the
     read-only modules (test_server, test_perf)."""

@@ -20,6 +20,7 @@ from servelab.bench import configsearch, queueing
 from servelab.core import procs
 from servelab.triton import analyzer
 from tests.bench.test_benchmarks_smoke import run_tiny
+from tests.tiers import tier
 
 SPACE = analyzer.Space(instances=(1,), max_batch_sizes=(4,), queue_delays_us=(0,), concurrency=(1,))
 
@@ -57,6 +58,7 @@ def _status(url: str, headers: dict | None = None) -> int:
 
 
 @pytest.fixture(scope="module")
+@tier("e2e")   # a benchmark's --tiny run: Model Analyzer profiles with its own tritonservers
 def profiled(tmp_path_factory):
     """One real profile: `benchmarks/bench_model_analyzer.py --tiny` (its smoke test too: the
     rows and JSON it promises), on SPACE; meanwhile, the private server's keyed and open APIs

@@ -77,6 +77,7 @@ class _Listener:
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])
+@pytest.mark.integration   # a real server
 def test_flask_onnx_backend_sends_no_bad_tensor(value):
     listener = _Listener()
     backend = flask_backends.TritonOnnxBackend(listener.url, "food_classifier_onnx", timeout=3)
@@ -88,6 +89,7 @@ def test_flask_onnx_backend_sends_no_bad_tensor(value):
     listener.sock.close()
 
 
+@pytest.mark.integration   # a real server
 def test_flask_backends_check_before_sending(monkeypatch):
     """Both Triton backends call the check on the exact array they send."""
     seen = []

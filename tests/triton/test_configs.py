@@ -4,12 +4,15 @@ ModelConfig schema and describes the real model; the local adaptations."""
 from __future__ import annotations
 
 import ast
+import base64
 import glob
 import os
 import shutil
 import subprocess
 import sys
+import types
 
+import numpy as np
 import pytest
 
 from servelab import triton
@@ -111,10 +114,84 @@ def test_model_code_parses_on_older_pythons(path, version, tmp_path):
         assert proc.returncode == 0, proc.stderr
 
 
-def test_model_py_uses_softmax_not_sigmoid():
-    source = (STAGING / "food_classifier" / "1" / "model.py").read_text()
-    assert "sigmoid" not in source
-    assert "food11.predict_from_logits" in source or "food11.softmax" in source
+class _Tensor:
+    def __init__(self, name, array):
+        self.name, self.array = name, array
+
+    def as_numpy(self):
+        return self.array
+
+
+class _TritonError(Exception):
+    INVALID_ARG = 3
+
+    def __init__(self, message, code=0):
+        super().__init__(message)
+        self.code = code
+
+
+def _stand_in_pb_utils() -> types.ModuleType:
+    """The names of triton_python_backend_utils that food_classifier's model.py uses; a response is a
+    dict (its output tensors by name, or its error)."""
+    pb_utils = types.ModuleType("triton_python_backend_utils")
+    pb_utils.Tensor = _Tensor
+    pb_utils.get_input_tensor_by_name = lambda request, name: _Tensor(name, request[name])
+    pb_utils.InferenceResponse = lambda output_tensors=(), error=None: (
+        {"error": error} if error is not None else {t.name: t.array for t in output_tensors})
+    pb_utils.TritonError = _TritonError
+    pb_utils.Logger = types.SimpleNamespace(log_info=lambda msg: None)
+    return pb_utils
+
+
+def test_model_py_answers_each_request_with_the_softmax_top1(artifacts, sample_paths, monkeypatch):
+    """food_classifier's model.py run as Triton's Python backend runs it (initialize, then execute with
+    a list of requests), with a stand-in for the backend's utilities: each request gets its own rows,
+    the label of the largest logit and its softmax probability (not a sigmoid's), and a bad image
+    fails only its own request."""
+    import importlib.util
+
+    import torch
+
+    from servelab.serve import threads
+
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _stand_in_pb_utils())
+    spec = importlib.util.spec_from_file_location("food_classifier_model_py", STAGING / "food_classifier" / "1" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    group = f"test_model_py_{os.getpid()}"
+    before = torch.get_num_threads()
+    model = module.TritonPythonModel()
+    try:
+        model.initialize({"model_instance_kind": "CPU", "model_instance_device_id": "0", "model_name": group,
+                          "model_instance_name": f"{group}_0"})
+        images = [base64.b64encode(p.read_bytes()) for p in sample_paths[:4]]
+        responses = model.execute([
+            {"INPUT_IMAGE": np.array([[images[0]]], dtype=object)},
+            {"INPUT_IMAGE": np.array([[base64.b64encode(b"text, not an image")]], dtype=object)},
+            {"INPUT_IMAGE": np.array([[images[1]], [images[2]], [images[3]]], dtype=object)},  # -b 3
+        ])
+    finally:
+        torch.set_num_threads(before)
+        try:
+            os.unlink(threads.lock_path(threads.lock_folder(), os.getppid(), group))
+        except OSError:
+            pass
+    # What the answers should be, from the weights directly: softmax over the 11 logits, then top-1.
+    weights = torch.load(artifacts["pth"], map_location="cpu", weights_only=False).eval()
+    with torch.inference_mode():
+        batch = torch.from_numpy(np.stack([food11.preprocess_base64(i) for i in images]))
+        probs = torch.softmax(weights(batch).double(), dim=1)
+    expected = [(food11.LABELS[int(p.argmax())], float(p.max())) for p in probs]
+
+    assert len(responses) == 3 and set(responses[1]) == {"error"}
+    assert responses[1]["error"].code == _TritonError.INVALID_ARG and "not_an_image" in str(responses[1]["error"])
+    got = []
+    for r, rows in ((responses[0], 1), (responses[2], 3)):
+        assert r["FOOD_LABEL"].shape == (rows, 1) and r["PROBABILITY"].shape == (rows, 1), r
+        assert r["PROBABILITY"].dtype == np.float32
+        got += [(label[0].decode(), float(prob[0])) for label, prob in zip(r["FOOD_LABEL"], r["PROBABILITY"])]
+    assert [label for label, _ in got] == [label for label, _ in expected]
+    assert [prob for _, prob in got] == pytest.approx([prob for _, prob in expected], abs=1e-5)
 
 
 def test_localize_maps_gpu_to_cpu_and_onnx_to_the_runner():

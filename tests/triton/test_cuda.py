@@ -10,7 +10,7 @@ import pytest
 
 from servelab import triton
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.integration]   # they start servers on the GPU
 
 MODEL = "food_classifier"
 

@@ -33,6 +33,7 @@ def test_pick_by_name_and_version():
         stats.pick(DOC, "absent")
 
 
+@pytest.mark.integration   # a real Triton
 def test_snapshot_reads_the_models_entry_over_http():
     seen = []
 
