@@ -769,7 +769,8 @@ def check(out=None) -> int:
     for line in schema:
         print(f"  FAIL {line}", file=out)
     found = problems(objects)
-    print(f"consistency with docker/ and servelab.core: {'OK' if not found else f'{len(found)} problem(s)'}", file=out)
+    print(f"consistency with docker/ and servelab.core, and containment (limits, pod security, NetworkPolicy, "
+          f"adapter TLS): {'OK' if not found else f'{len(found)} problem(s)'}", file=out)
     for line in found:
         print(f"  FAIL {line}", file=out)
     print(f"HPA target: {hpa_target_us()} us of queue per request = queue_target_us(S(1) = {REFERENCE_S1_US:g} us), "
