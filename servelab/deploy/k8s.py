@@ -16,6 +16,15 @@ Three steps, each of which runs offline:
    stacks in ``docker/``; the metric, its PromQL, the scrape interval and the HPA's target against
    :mod:`servelab.core.scaling`; the model repository against :mod:`servelab.core.paths`. The
    admin key appears only as a ``secretKeyRef``. Every difference is a line in the result.
+4. **Containment** (issue 48, finding 5). Every container has CPU and memory requests and limits
+   (:func:`resource_problems`); the web, FastAPI, Prometheus and adapter pods meet the "restricted"
+   Pod Security Standard, a pod mounts a service-account token only when its account is bound to a
+   role, and a node folder is mounted read-only unless it is named in :data:`WRITABLE_HOST_PATHS`
+   (:func:`security_problems`); the lab's namespace denies all traffic by default, every policy names
+   ports and labels that some pod has, and exactly the flows the lab needs get through
+   (:func:`network_problems`, which evaluates the policies as the NetworkPolicy API defines them);
+   the API server verifies the adapter against a CA instead of skipping TLS verification
+   (:func:`apiservice_problems`).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from pathlib import Path
 import yaml
 
 from servelab.core import paths, scaling
+from servelab.node import kube
 
 K8S_DIR = paths.REPO_ROOT / "k8s"
 DOCKER_DIR = paths.REPO_ROOT / "docker"
@@ -252,6 +262,10 @@ def problems(objects: list[dict], docker_dir: Path = DOCKER_DIR) -> list[str]:  
 
     bad += secret_problems(objects)
     bad += scaling_problems(objects)
+    bad += resource_problems(objects)
+    bad += security_problems(objects)
+    bad += network_problems(objects)
+    bad += apiservice_problems(objects)
     return bad
 
 
@@ -321,6 +335,429 @@ def scaling_problems(objects: list[dict]) -> list[str]:
     return bad
 
 
+# --------------------------------------------------------------------------
+# Containment: resources, pod security, network policy, the adapter's TLS
+
+NAMESPACE = kube.NAMESPACE
+WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job")
+# Pods held to the "restricted" Pod Security Standard (kubernetes.io/docs/concepts/security/pod-security-standards/).
+# Triton's pod is not among them: it mounts the model repository from the node (hostPath, which "restricted"
+# forbids), and its image runs the Python backend's stubs as they run in Compose.
+RESTRICTED = ("flask", "fastapi-server", "prometheus", "prometheus-adapter")
+# The volume types "restricted" allows.
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret"}
+# Images built from this repository, and the Dockerfile that says which user they run as. runAsNonRoot
+# needs a numeric USER: the kubelet refuses a name it cannot check ("container has runAsNonRoot and image
+# has non-numeric user", pkg/kubelet/kuberuntime/security_context_others.go); any other image must set runAsUser.
+DOCKERFILES = {"servelab/flask": "flask_app/Dockerfile", "servelab/fastapi_pt": "fastapi_pt/Dockerfile",
+               "servelab/fastapi_onnx": "fastapi_onnx/Dockerfile", "servelab/triton": "docker/Dockerfile.triton"}
+# Node folders a pod may mount read-write, and why; any other hostPath mount must be readOnly.
+WRITABLE_HOST_PATHS = {"/var/lib/kubelet/device-plugins": "the device plugin creates its socket there for the kubelet"}
+# The API server's port on the node (k3s: --https-listen-port, default 6443). A pod reaches it through the
+# Service kubernetes:443; whether a policy sees the port before or after that translation is not defined
+# (kubernetes.io/docs/concepts/services-networking/network-policies/), so a pod that needs the API allows both.
+APISERVER_PORTS = (443, 6443)
+DNS_PORT = 53
+
+
+def _workloads(objects, namespace: str | None = None):
+    """(object, pod spec, pod labels) of every workload, in one namespace when given."""
+    for o in objects:
+        if o.get("kind") in WORKLOADS and (namespace is None or o["metadata"].get("namespace") == namespace):
+            template = o["spec"]["template"]
+            yield o, template["spec"], (template.get("metadata") or {}).get("labels") or {}
+
+
+def _containers(spec: dict) -> list[dict]:
+    return list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
+
+
+_UNITS = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30,
+          "Ti": 2 ** 40}
+
+
+def quantity(value) -> float:
+    """A Kubernetes quantity ("500m", "2", "512Mi", "1Gi") as a number (cores or bytes)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([a-zA-Z]*)", str(value))
+    if not m or m.group(2) not in _UNITS:
+        raise ValueError(f"quantity {value!r}")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def resource_problems(objects: list[dict]) -> list[str]:
+    """Every container asks for CPU and memory and is held to a limit of each, the request within the
+    limit. A memory-backed emptyDir is charged to the memory of the container that writes it, so the
+    limit must leave room beyond it (kubernetes.io/docs/concepts/storage/volumes/#emptydir)."""
+    bad = []
+    for o, spec, _labels in _workloads(objects):
+        vols = {v["name"]: v for v in spec.get("volumes") or []}
+        for c in _containers(spec):
+            where = f"{_ref(o)} container {c['name']}"
+            res = c.get("resources") or {}
+            req, lim = res.get("requests") or {}, res.get("limits") or {}
+            for r in ("cpu", "memory"):
+                if r not in req:
+                    bad.append(f"{where}: no {r} request")
+                if r not in lim:
+                    bad.append(f"{where}: no {r} limit")
+                if r in req and r in lim and quantity(req[r]) > quantity(lim[r]):
+                    bad.append(f"{where}: {r} request {req[r]} is above its limit {lim[r]}")
+            in_memory = sum(quantity(vols[m["name"]]["emptyDir"].get("sizeLimit", 0))
+                            for m in c.get("volumeMounts") or []
+                            if (vols.get(m["name"]) or {}).get("emptyDir", {}).get("medium") == "Memory")
+            if in_memory and "memory" in lim and quantity(lim["memory"]) <= in_memory:
+                bad.append(f"{where}: memory limit {lim['memory']} leaves no room beyond its in-memory emptyDir")
+    return bad
+
+
+def image_user(image: str, repo: Path = paths.REPO_ROOT) -> int | None:
+    """The numeric USER of an image built from this repository (its Dockerfile's last USER), else None."""
+    dockerfile = DOCKERFILES.get(image.rsplit(":", 1)[0])
+    if not dockerfile:
+        return None
+    users = re.findall(r"^USER\s+(\S+)", (repo / dockerfile).read_text(), flags=re.M)
+    user = users[-1].split(":")[0] if users else ""
+    return int(user) if user.isdigit() else None
+
+
+def _bound_accounts(objects: list[dict]) -> set[tuple[str, str]]:
+    """(namespace, name) of every ServiceAccount a RoleBinding or ClusterRoleBinding grants a role to."""
+    out = set()
+    for o in objects:
+        if o.get("kind") in ("RoleBinding", "ClusterRoleBinding"):
+            for s in o.get("subjects") or []:
+                if s.get("kind") == "ServiceAccount":
+                    out.add((s.get("namespace") or o["metadata"].get("namespace"), s["name"]))
+    return out
+
+
+def security_problems(objects: list[dict], repo: Path = paths.REPO_ROOT) -> list[str]:
+    """Restricted pods, service-account tokens only where the account has a role, read-only node folders."""
+    bad = []
+    bound = _bound_accounts(objects)
+    for o, spec, _labels in _workloads(objects):
+        name, ns = o["metadata"]["name"], o["metadata"].get("namespace")
+        vols = {v["name"]: v for v in spec.get("volumes") or []}
+        for c in _containers(spec):
+            for m in c.get("volumeMounts") or []:
+                host = (vols.get(m["name"]) or {}).get("hostPath")
+                if host and not m.get("readOnly") and host["path"] not in WRITABLE_HOST_PATHS:
+                    bad.append(f"{_ref(o)}: node folder {host['path']} is mounted read-write at {m['mountPath']}")
+        if ns == NAMESPACE:
+            account = spec.get("serviceAccountName") or "default"
+            mounts = spec.get("automountServiceAccountToken", True)
+            if mounts and (ns, account) not in bound:
+                bad.append(f"{_ref(o)}: mounts a service-account token, but {account} has no role: "
+                           "set automountServiceAccountToken: false")
+            if not mounts and (ns, account) in bound:
+                bad.append(f"{_ref(o)}: {account} has a role, but the pod does not mount its token")
+        if name in RESTRICTED:
+            bad += _restricted(o, spec, repo)
+    for name in RESTRICTED:
+        if not any(o["metadata"]["name"] == name for o, _s, _l in _workloads(objects, NAMESPACE)):
+            bad.append(f"no workload {name} to hold to the restricted profile")
+    return bad
+
+
+def _restricted(o: dict, spec: dict, repo: Path) -> list[str]:
+    bad = []
+    for v in spec.get("volumes") or []:
+        kinds = set(v) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            bad.append(f"{_ref(o)}: volume {v['name']} is {sorted(kinds)}, not a type the restricted profile allows")
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(flag):
+            bad.append(f"{_ref(o)}: {flag}")
+    for c in _containers(spec):
+        bad += _restricted_container(f"{_ref(o)} container {c['name']}", c, spec.get("securityContext") or {}, repo)
+    return bad
+
+
+def _restricted_container(where: str, c: dict, pod: dict, repo: Path) -> list[str]:
+    bad = []
+    sc = c.get("securityContext") or {}
+
+    def effective(key):
+        return sc.get(key, pod.get(key))
+
+    if effective("runAsNonRoot") is not True:
+        bad.append(f"{where}: runAsNonRoot is not true")
+    if sc.get("allowPrivilegeEscalation") is not False:
+        bad.append(f"{where}: allowPrivilegeEscalation is not false")
+    if sc.get("privileged"):
+        bad.append(f"{where}: privileged")
+    caps = sc.get("capabilities") or {}
+    if "ALL" not in (caps.get("drop") or []):
+        bad.append(f"{where}: capabilities do not drop ALL")
+    if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+        bad.append(f"{where}: adds capabilities {sorted(set(caps['add']) - {'NET_BIND_SERVICE'})}")
+    if (effective("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+        bad.append(f"{where}: seccompProfile is not RuntimeDefault")
+    uid, built = effective("runAsUser"), image_user(c["image"], repo)
+    if uid == 0:
+        bad.append(f"{where}: runAsUser 0")
+    elif uid is None and built is None:
+        bad.append(f"{where}: image {c['image']} has no numeric USER the kubelet can check: set runAsUser")
+    elif uid is not None and built is not None and uid != built:
+        bad.append(f"{where}: runAsUser {uid} is not the image's USER {built}")
+    return bad
+
+
+# -- NetworkPolicy, evaluated as networking.k8s.io/v1 defines it --------------
+
+def _selects(selector: dict | None, labels: dict) -> bool:
+    """A LabelSelector (matchLabels, matchExpressions) against a pod's labels; {} selects every pod."""
+    selector = selector or {}
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        ok = {"In": labels.get(key) in values, "NotIn": labels.get(key) not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return True
+
+
+def _pods(objects):
+    """(name, labels, {port name or number: (number, protocol)}) of each pod template in the lab's namespace."""
+    out = []
+    for o, spec, labels in _workloads(objects, NAMESPACE):
+        ports = {}
+        for c in spec.get("containers") or []:
+            for p in c.get("ports") or []:
+                entry = (p["containerPort"], p.get("protocol", "TCP"))
+                ports[p["containerPort"]] = entry
+                if p.get("name"):
+                    ports[p["name"]] = entry
+        out.append((o["metadata"]["name"], labels, ports))
+    return out
+
+
+def _policies(objects):
+    return [o for o in objects if o.get("kind") == "NetworkPolicy" and o["metadata"].get("namespace") == NAMESPACE]
+
+
+def _types(policy: dict) -> set[str]:
+    spec = policy["spec"]
+    return set(spec.get("policyTypes") or (["Ingress"] + (["Egress"] if "egress" in spec else [])))
+
+
+def _port_ok(rule: dict, pod_ports: dict | None, port: int, protocol: str) -> bool:
+    """Does a rule's ports list admit (port, protocol)? A named port is resolved on the pod that serves it."""
+    if not rule.get("ports"):
+        return True
+    for p in rule["ports"]:
+        if p.get("protocol", "TCP") != protocol:
+            continue
+        want = p.get("port")
+        if want is None:
+            return True
+        if isinstance(want, str):
+            want = (pod_ports or {}).get(want, (None,))[0]
+        if want is not None and (want == port or (p.get("endPort") and want <= port <= p["endPort"])):
+            return True
+    return False
+
+
+def _peer_ok(peers, labels: dict | None, namespace: str | None) -> bool:
+    """Does a rule's from/to list admit a pod (labels, namespace) -- or, with labels None, an address outside
+    any pod (the node's API server, a client on the Internet)?"""
+    if not peers:
+        return True
+    for peer in peers:
+        if "ipBlock" in peer and labels is None:
+            return True
+        if labels is None or "ipBlock" in peer:
+            continue
+        if "namespaceSelector" in peer:
+            ns_labels = {"kubernetes.io/metadata.name": namespace}  # the label every namespace carries
+            if _selects(peer["namespaceSelector"], ns_labels) and _selects(peer.get("podSelector"), labels):
+                return True
+        elif namespace == NAMESPACE and _selects(peer.get("podSelector"), labels):
+            return True
+    return False
+
+
+def allowed(objects, src: tuple | None, dst: tuple | None, port: int, protocol: str = "TCP") -> bool:
+    """Whether the lab's policies let ``src`` open a connection to ``dst`` on ``port``. A pod is
+    (labels, namespace, ports); None is an address outside the cluster's pods. Egress is checked on a
+    source in the lab's namespace, ingress on a destination there; a pod that no policy of that type
+    selects is not isolated in that direction (networking.k8s.io/v1 NetworkPolicySpec)."""
+    pols = _policies(objects)
+    if src is not None and src[1] == NAMESPACE:
+        egress = [p for p in pols if "Egress" in _types(p) and _selects(p["spec"].get("podSelector"), src[0])]
+        if egress and not any(_port_ok(r, dst[2] if dst else None, port, protocol)
+                              and _peer_ok(r.get("to"), dst[0] if dst else None, dst[1] if dst else None)
+                              for p in egress for r in p["spec"].get("egress") or []):
+            return False
+    if dst is not None and dst[1] == NAMESPACE:
+        ingress = [p for p in pols if "Ingress" in _types(p) and _selects(p["spec"].get("podSelector"), dst[0])]
+        if ingress and not any(_port_ok(r, dst[2], port, protocol)
+                               and _peer_ok(r.get("from"), src[0] if src else None, src[1] if src else None)
+                               for p in ingress for r in p["spec"].get("ingress") or []):
+            return False
+    return True
+
+
+def _service_backend(objects, name: str, port: int | str):
+    """(pod, container port number) behind Service ``name``'s port (number or name), or None."""
+    svc = _find(objects, "Service", name)
+    if svc is None:
+        return None
+    pods = [(labels, NAMESPACE, ports) for _n, labels, ports in _pods(objects)
+            if _selects({"matchLabels": svc["spec"].get("selector") or {}}, labels)]
+    for sp in svc["spec"]["ports"]:
+        if port in (sp["port"], sp.get("name")) and pods:
+            target = sp.get("targetPort", sp["port"])
+            number = pods[0][2].get(target, (target,))[0]
+            return pods[0], number
+    return None
+
+
+def _url_host_port(url: str) -> tuple[str, int]:
+    m = re.fullmatch(r"(?:\w+://)?([\w.\-]+):(\d+)/?", url)
+    if not m:
+        raise ValueError(f"address {url!r}")
+    return m.group(1), int(m.group(2))
+
+
+def lab_flows(objects) -> list[tuple[str, tuple | None, tuple | None, int, str]]:
+    """The connections the lab needs, read from the manifests: (what, source, destination, port, protocol)."""
+    pods = {name: (labels, NAMESPACE, ports) for name, labels, ports in _pods(objects)}
+    flows = []
+
+    def to_service(src_name, address, why):
+        host, port = _url_host_port(address)
+        found = _service_backend(objects, host, port)
+        if src_name in pods and found:
+            flows.append((f"{src_name} -> {host}:{port} ({why})", pods[src_name], found[0], found[1], "TCP"))
+        else:
+            flows.append((f"{src_name} -> {host}:{port} ({why}): no such pod or Service", None, None, -1, "TCP"))
+
+    flask = _find(objects, "Deployment", "flask")
+    if flask:
+        env = {e["name"]: e.get("value") for e in _container(flask).get("env") or []}
+        to_service("flask", env.get("TRITON_SERVER_URL", ""), "the web page's inference backend")
+    prom_cm = _find(objects, "ConfigMap", "prometheus-config")
+    triton = k8s_name("triton_server")
+    if prom_cm and "prometheus" in pods:
+        found = _service_backend(objects, triton, "metrics")
+        if found:  # Prometheus scrapes each replica's pod address, found through the Service's endpoints
+            flows.append((f"prometheus -> {triton} pods' metrics port (scrape)", pods["prometheus"], found[0],
+                          found[1], "TCP"))
+    adapter = _find(objects, "Deployment", kube.ADAPTER)
+    if adapter:
+        urls = [a.split("=", 1)[1] for a in _container(adapter).get("args") or [] if a.startswith("--prometheus-url=")]
+        to_service(kube.ADAPTER, urls[0] if urls else "", "the metric it serves")
+    for svc in objects:
+        if svc.get("kind") == "Service" and svc["spec"].get("type") in ("LoadBalancer", "NodePort"):
+            for sp in svc["spec"]["ports"]:
+                found = _service_backend(objects, svc["metadata"]["name"], sp["port"])
+                if found:
+                    flows.append((f"any client -> {svc['metadata']['name']}:{sp['port']} (published)", None,
+                                  found[0], found[1], "TCP"))
+    for name in ("prometheus", kube.ADAPTER):  # service discovery; the adapter's own API calls
+        if name in pods:
+            for port in APISERVER_PORTS:
+                flows.append((f"{name} -> the API server :{port}", pods[name], None, port, "TCP"))
+    dns = ({"k8s-app": "kube-dns"}, "kube-system", {DNS_PORT: (DNS_PORT, "UDP")})  # k3s's CoreDNS pods
+    for name, pod in pods.items():
+        flows.append((f"{name} -> cluster DNS (kube-system) :{DNS_PORT}/UDP", pod, dns, DNS_PORT, "UDP"))
+    return flows
+
+
+def network_problems(objects: list[dict]) -> list[str]:
+    """The lab's namespace denies by default; every policy names pods and ports that exist; the lab's
+    flows get through, and a port is open to any source only where a Service publishes it."""
+    bad = []
+    pols = _policies(objects)
+    pods = _pods(objects)
+    if not any(not (p["spec"].get("podSelector") or {}) and _types(p) == {"Ingress", "Egress"}
+               and not p["spec"].get("ingress") and not p["spec"].get("egress") for p in pols):
+        bad.append(f"network: no default-deny NetworkPolicy (every pod, Ingress and Egress, no rule) in {NAMESPACE}")
+    for p in pols:
+        bad += _policy_reference_problems(p, pods)
+    for what, src, dst, port, protocol in lab_flows(objects):
+        if port < 0:
+            bad.append(f"network: {what}")
+        elif not allowed(objects, src, dst, port, protocol):
+            bad.append(f"network: blocked: {what}")
+    return bad + _open_ingress_problems(objects, pols, pods)
+
+
+def _policy_reference_problems(p: dict, pods: list) -> list[str]:
+    """A policy whose selector, peers or ports name labels or ports that no pod of the namespace has."""
+    bad = []
+    name = f"NetworkPolicy/{p['metadata']['name']}"
+    targets = [ports for _n, labels, ports in pods if _selects(p["spec"].get("podSelector"), labels)]
+    if not targets:
+        bad.append(f"{name}: its podSelector selects no pod")
+    for rule in p["spec"].get("ingress") or []:
+        for port in rule.get("ports") or []:
+            if "port" in port and not any(port["port"] in ports for ports in targets):
+                bad.append(f"{name}: ingress port {port['port']}: no pod it selects has it")
+        for peer in rule.get("from") or []:
+            if "namespaceSelector" not in peer and "podSelector" in peer and \
+                    not any(_selects(peer["podSelector"], labels) for _n, labels, _p in pods):
+                bad.append(f"{name}: ingress from podSelector {peer['podSelector']}: no pod has those labels")
+    for rule in p["spec"].get("egress") or []:
+        for peer in rule.get("to") or []:
+            if "podSelector" not in peer or "namespaceSelector" in peer:
+                continue  # an address, or pods of another namespace: not in these manifests
+            reached = [ports for _n, labels, ports in pods if _selects(peer["podSelector"], labels)]
+            if not reached:
+                bad.append(f"{name}: egress to podSelector {peer['podSelector']}: no pod has those labels")
+            for port in rule.get("ports") or []:
+                if reached and "port" in port and not any(port["port"] in ports for ports in reached):
+                    bad.append(f"{name}: egress port {port['port']}: no pod it reaches has it")
+    return bad
+
+
+def _open_ingress_problems(objects, pols, pods) -> list[str]:
+    """A rule that admits any address (no `from`, or an ipBlock) on a pod no LoadBalancer/NodePort publishes."""
+    published = set()
+    for svc in objects:
+        if svc.get("kind") == "Service" and svc["spec"].get("type") in ("LoadBalancer", "NodePort"):
+            published |= {n for n, labels, _p in pods
+                          if _selects({"matchLabels": svc["spec"].get("selector") or {}}, labels)}
+    bad = []
+    for p in pols:
+        for rule in p["spec"].get("ingress") or []:
+            if rule.get("from") and not any("ipBlock" in peer for peer in rule["from"]):
+                continue
+            for n, labels, _p in pods:
+                if _selects(p["spec"].get("podSelector"), labels) and n not in published:
+                    bad.append(f"NetworkPolicy/{p['metadata']['name']}: {n} accepts clients from anywhere, "
+                               "but no LoadBalancer or NodePort Service publishes it")
+    return bad
+
+
+def apiservice_problems(objects: list[dict]) -> list[str]:
+    """The API server verifies prometheus-adapter: no insecureSkipTLSVerify, and the adapter serves the
+    certificate from the Secret whose CA ``python3 -m servelab.node.kube tls`` puts in the caBundle."""
+    bad = []
+    api = _find(objects, "APIService", kube.APISERVICE)
+    adapter = _find(objects, "Deployment", kube.ADAPTER)
+    if api is None or adapter is None:
+        return [f"no APIService {kube.APISERVICE} and Deployment {kube.ADAPTER}"]
+    if api["spec"].get("insecureSkipTLSVerify"):
+        bad.append(f"APIService/{kube.APISERVICE}: insecureSkipTLSVerify: the API server does not check the adapter")
+    if (api["spec"].get("service") or {}).get("name") != kube.ADAPTER:
+        bad.append(f"APIService/{kube.APISERVICE}: its Service is not {kube.ADAPTER} (the certificate's name)")
+    spec = adapter["spec"]["template"]["spec"]
+    secret_vols = {v["name"] for v in spec.get("volumes") or []
+                   if (v.get("secret") or {}).get("secretName") == kube.ADAPTER_TLS_SECRET}
+    c = _container(adapter)
+    mounts = {m["mountPath"].rstrip("/") for m in c.get("volumeMounts") or [] if m["name"] in secret_vols}
+    args = dict(a.split("=", 1) for a in c.get("args") or [] if "=" in a)
+    for flag, key in (("--tls-cert-file", "tls.crt"), ("--tls-private-key-file", "tls.key")):
+        if not any(args.get(flag) == f"{m}/{key}" for m in mounts):
+            bad.append(f"{kube.ADAPTER}: {flag} is not {key} of the Secret {kube.ADAPTER_TLS_SECRET}")
+    return bad
+
+
 def check(out=None) -> int:
     """Build both folders, validate every object, check consistency; print a short report."""
     out = out or sys.stdout
@@ -332,7 +769,8 @@ def check(out=None) -> int:
     for line in schema:
         print(f"  FAIL {line}", file=out)
     found = problems(objects)
-    print(f"consistency with docker/ and servelab.core: {'OK' if not found else f'{len(found)} problem(s)'}", file=out)
+    print(f"consistency with docker/ and servelab.core, and containment (limits, pod security, NetworkPolicy, "
+          f"adapter TLS): {'OK' if not found else f'{len(found)} problem(s)'}", file=out)
     for line in found:
         print(f"  FAIL {line}", file=out)
     print(f"HPA target: {hpa_target_us()} us of queue per request = queue_target_us(S(1) = {REFERENCE_S1_US:g} us), "

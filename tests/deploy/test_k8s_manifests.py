@@ -156,3 +156,128 @@ def test_hpa_target_comes_from_the_queueing_model():
         scaling.queue_target_us(0)
     with pytest.raises(ValueError):
         scaling.held_utilization(1.0)
+
+
+# --------------------------------------------------------------------------
+# Containment (issue 48, finding 5): resources, pod security, network policy, the adapter's TLS
+
+
+def _spec(objs, name, kind="Deployment"):
+    return _get(objs, kind, name)["spec"]["template"]["spec"]
+
+
+def _policy(objs, name):
+    return _get(objs, "NetworkPolicy", name)["spec"]
+
+
+def test_every_container_has_cpu_and_memory_requests_and_limits(objects):
+    assert k8s.resource_problems(objects) == []
+    containers = [c for _o, spec, _l in k8s._workloads(objects) for c in spec["containers"]]
+    assert len(containers) == 6  # triton, flask, fastapi, prometheus, adapter, device plugin
+    for c in containers:
+        res = c["resources"]
+        assert {"cpu", "memory"} <= set(res["requests"]) and {"cpu", "memory"} <= set(res["limits"]), c["name"]
+    # the GPU pods keep one GPU each
+    for name in ("triton-server", "fastapi-server"):
+        assert _spec(objects, name)["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    # Triton's /dev/shm (1 GiB in memory) is charged to its memory limit: the limit leaves room beyond it
+    triton = _spec(objects, "triton-server")["containers"][0]["resources"]["limits"]
+    assert k8s.quantity(triton["memory"]) > k8s.quantity("1Gi")
+
+
+def test_pods_are_restricted_and_mount_tokens_only_where_they_use_the_api(objects):
+    assert k8s.security_problems(objects) == []
+    for name in k8s.RESTRICTED:
+        spec = _spec(objects, name)
+        c = spec["containers"][0]["securityContext"]
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] > 0
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert c["allowPrivilegeEscalation"] is False and c["capabilities"]["drop"] == ["ALL"]
+    # the built images' USER, and the official images' users (Prometheus: USER nobody, a name)
+    assert _spec(objects, "flask")["securityContext"]["runAsUser"] == k8s.image_user("servelab/flask:0.1.0") == 10001
+    assert _spec(objects, "prometheus")["securityContext"]["runAsUser"] == 65534
+    tokens = {o["metadata"]["name"]: spec.get("automountServiceAccountToken", True)
+              for o, spec, _l in k8s._workloads(objects, "servelab")}
+    assert tokens == {"triton-server": False, "flask": False, "fastapi-server": False,
+                      "prometheus": True, "prometheus-adapter": True}  # discovery / the aggregated API need it
+
+
+def test_the_model_repository_is_mounted_read_only(objects):
+    mounts = {m["mountPath"]: m for m in _spec(objects, "triton-server")["containers"][0]["volumeMounts"]}
+    assert mounts["/models"]["readOnly"] is True
+    vols = {v["name"]: v for v in _spec(objects, "triton-server")["volumes"]}
+    assert "hostPath" in vols[mounts["/models"]["name"]]
+
+
+def test_the_namespace_denies_by_default_and_lets_the_labs_flows_through(objects):
+    assert k8s.network_problems(objects) == []
+    flows = {what for what, *_rest in k8s.lab_flows(objects)}
+    assert "flask -> triton-server:8000 (the web page's inference backend)" in flows
+    assert "prometheus -> triton-server pods' metrics port (scrape)" in flows
+    assert "prometheus-adapter -> prometheus:9090 (the metric it serves)" in flows
+    assert "any client -> flask:80 (published)" in flows
+    pods = {name: (labels, "servelab", ports) for name, labels, ports in k8s._pods(objects)}
+    # what the lab does not need stays blocked
+    assert not k8s.allowed(objects, None, pods["triton-server"], 8000)            # Triton from outside
+    assert not k8s.allowed(objects, pods["flask"], pods["triton-server"], 8002)   # the web page: no metrics
+    assert not k8s.allowed(objects, pods["flask"], pods["prometheus"], 9090)
+    assert not k8s.allowed(objects, pods["triton-server"], None, 443)            # Triton: no way out
+    assert not k8s.allowed(objects, pods["fastapi-server"], pods["triton-server"], 8000)
+    # the API server reaches the adapter from the node itself, which a policy never blocks (NetworkPolicySpec:
+    # "OR if the traffic source is the pod's local node"); no pod may
+    assert not k8s.allowed(objects, pods["flask"], pods["prometheus-adapter"], 6443)
+
+
+def _rule_ports(objs, name, direction, value):
+    for rule in _policy(objs, name)[direction]:
+        for p in rule.get("ports") or []:
+            p["port"] = value
+
+
+@pytest.mark.parametrize("change, expect", [
+    # resources
+    (lambda o: _spec(o, "flask")["containers"][0]["resources"]["limits"].pop("memory"), "flask: no memory limit"),
+    (lambda o: _spec(o, "prometheus")["containers"][0]["resources"]["requests"].update(cpu="4"),
+     "cpu request 4 is above its limit"),
+    (lambda o: _spec(o, "nvidia-device-plugin", "DaemonSet")["containers"][0].pop("resources"), "no cpu request"),
+    (lambda o: _spec(o, "triton-server")["containers"][0]["resources"]["limits"].update(memory="1Gi"),
+     "in-memory emptyDir"),
+    # pod security
+    (lambda o: _spec(o, "prometheus")["securityContext"].pop("runAsUser"), "has no numeric USER"),
+    (lambda o: _spec(o, "flask")["securityContext"].update(runAsUser=1000), "is not the image's USER 10001"),
+    (lambda o: _spec(o, "fastapi-server")["containers"][0]["securityContext"].update(allowPrivilegeEscalation=True),
+     "allowPrivilegeEscalation"),
+    (lambda o: _spec(o, "prometheus-adapter")["containers"][0]["securityContext"]["capabilities"].update(drop=[]),
+     "drop ALL"),
+    (lambda o: _spec(o, "flask")["securityContext"].pop("seccompProfile"), "seccompProfile"),
+    (lambda o: _spec(o, "flask").update(automountServiceAccountToken=True), "has no role"),
+    (lambda o: _spec(o, "prometheus").update(automountServiceAccountToken=False), "does not mount its token"),
+    (lambda o: next(m for m in _spec(o, "triton-server")["containers"][0]["volumeMounts"]
+                    if m["mountPath"] == "/models").pop("readOnly"), "mounted read-write"),
+    # network policy: a port or label no pod has, a flow cut, a port opened to the world, no default deny
+    (lambda o: _rule_ports(o, "triton-server", "ingress", 9000), "no pod it selects has it"),
+    (lambda o: _policy(o, "triton-server")["podSelector"]["matchLabels"].update({"app.kubernetes.io/name": "triton"}),
+     "selects no pod"),
+    (lambda o: _policy(o, "flask")["egress"][0]["to"][0]["podSelector"]["matchLabels"].update(
+        {"app.kubernetes.io/name": "tritonserver"}), "no pod has those labels"),
+    (lambda o: _rule_ports(o, "prometheus-adapter", "egress", 9091), "no pod it reaches has it"),
+    (lambda o: _policy(o, "prometheus")["ingress"].clear(), "blocked: prometheus-adapter -> prometheus:9090"),
+    (lambda o: _policy(o, "triton-server")["ingress"].append({"ports": [{"port": "http"}]}),
+     "triton-server accepts clients from anywhere"),
+    (lambda o: _policy(o, "default-deny").update(policyTypes=["Ingress"]), "no default-deny"),
+    (lambda o: _policy(o, "allow-dns")["egress"][0]["ports"][0].update(protocol="TCP"), "cluster DNS"),
+    # the adapter's TLS
+    (lambda o: _get(o, "APIService", "v1beta1.custom.metrics.k8s.io")["spec"].update(insecureSkipTLSVerify=True),
+     "insecureSkipTLSVerify"),
+    (lambda o: _spec(o, "prometheus-adapter")["containers"][0]["args"].remove(
+        "--tls-cert-file=/etc/adapter-tls/tls.crt"), "--tls-cert-file"),
+])
+def test_a_planted_containment_defect_is_caught(objects, change, expect):
+    found = _planted(objects, change)
+    assert found and any(expect in line for line in found), found
+
+
+def test_the_schema_accepts_every_new_object(objects):
+    kinds = [o["kind"] for o in objects]
+    assert kinds.count("NetworkPolicy") >= 6
+    assert k8s.validate([o for o in objects if o["kind"] == "NetworkPolicy"]) == []

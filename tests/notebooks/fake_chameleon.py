@@ -43,6 +43,11 @@ from unittest import mock
 
 STATE_ENV = "FAKE_CHAMELEON_STATE"
 K3S_VERSION = "v1.31.5+k3s1"  # servelab.deploy.k8s.K3S_VERSION (a test keeps them equal)
+# k3s's kubectl when the cc user cannot read the admin kubeconfig (k3s pkg/kubectl/main.go, then kubectl's own error)
+UNREADABLE_KUBECONFIG = (
+    'level=warning msg="Unable to read /etc/rancher/k3s/k3s.yaml, please start server with --write-kubeconfig-mode '
+    'or --write-kubeconfig-group to modify kube config permissions"\n'
+    'error: error loading config file "/etc/rancher/k3s/k3s.yaml": open /etc/rancher/k3s/k3s.yaml: permission denied')
 
 PROJECT_ID = "a1b2c3d4e5f60718293a4b5c6d7e8f90"
 PROJECT_NAME = "CHI-251409"
@@ -957,30 +962,41 @@ class FakeNode:
                 "namespace": 'Error from server (NotFound): namespaces "servelab" not found',
                 "k8s_applied": 'Error from server (NotFound): deployments.apps "triton-server" not found'}
         for f in flags:
-            if not self.flags.get(f):
+            if f == "kubeconfig":
+                if not self._kubeconfig_readable():
+                    return "", UNREADABLE_KUBECONFIG, 1
+            elif not self.flags.get(f):
                 return "", msgs.get(f, f"fake node: {f} missing"), 127 if f in ("docker", "k3s") else 1
         return None
+
+    def _kubeconfig_readable(self):
+        """k3s's kubectl reads /etc/rancher/k3s/k3s.yaml (written with K3S_KUBECONFIG_MODE, root's) unless
+        KUBECONFIG names another file (k3s pkg/kubectl/main.go): the cc user needs mode 644 or its own copy."""
+        if self.flags.get("kubeconfig_env"):
+            return _node_path(self.home, "~/.kube/config").is_file()
+        return self.flags.get("kubeconfig_mode") == "644"
 
     def _k3s_install(self, m):
         if m["version"] != K3S_VERSION:
             return "", f"fake node: k3s {m['version']} is not the pinned {K3S_VERSION}", 1
         self.flags["k3s"] = True
+        self.flags["kubeconfig_mode"] = m["mode"]
         self.flags["k3s_nvidia"] = bool(self.flags.get("toolkit"))  # found at start, if installed before
         return "[INFO]  systemd: Starting k3s\n", "", 0
 
     def _k_get_nodes(self, m):
-        return self._needs("k3s") or ("NAME                STATUS   ROLES                  AGE   VERSION\n"
+        return self._needs("k3s", "kubeconfig") or ("NAME                STATUS   ROLES                  AGE   VERSION\n"
                                       f"node-serve-system   Ready    control-plane,master   1m    {K3S_VERSION}\n", "", 0)
 
     def _k_apply_cluster(self, m):
-        missing = self._needs("k3s")
+        missing = self._needs("k3s", "kubeconfig")
         if missing:
             return missing
         self.flags["k8s_cluster"] = True
         return "runtimeclass.node.k8s.io/nvidia created\ndaemonset.apps/nvidia-device-plugin created\n", "", 0
 
     def _k_plugin_rollout(self, m):
-        missing = self._needs("k3s", "k8s_cluster")
+        missing = self._needs("k3s", "kubeconfig", "k8s_cluster")
         if missing:
             return missing
         if not self.flags.get("k3s_nvidia"):
@@ -989,7 +1005,7 @@ class FakeNode:
         return 'daemon set "nvidia-device-plugin" successfully rolled out\n', "", 0
 
     def _k_allocatable(self, m):
-        return self._needs("k3s") or (("2" if self.flags.get("gpus_allocatable") else ""), "", 0)
+        return self._needs("k3s", "kubeconfig") or (("2" if self.flags.get("gpus_allocatable") else ""), "", 0)
 
     def _k_import(self, m):
         missing = self._needs("docker", "k3s")
@@ -999,14 +1015,14 @@ class FakeNode:
         return "".join(f"unpacking docker.io/{i} ...done\n" for i in m["images"].split()), "", 0
 
     def _k_namespace(self, m):
-        missing = self._needs("k3s")
+        missing = self._needs("k3s", "kubeconfig")
         if missing:
             return missing
         self.flags["namespace"] = True
         return "namespace/servelab created\n", "", 0
 
     def _k_secret(self, m):
-        missing = self._needs("k3s", "namespace")
+        missing = self._needs("k3s", "kubeconfig", "namespace")
         if missing:
             return missing
         env = _node_path(self.home, "~/" + m["path"])
@@ -1019,7 +1035,7 @@ class FakeNode:
         return "secret/servelab-secrets created\n", "", 0
 
     def _k_apply_lab(self, m):
-        missing = self._needs("k3s")
+        missing = self._needs("k3s", "kubeconfig")
         if missing:
             return missing
         if not _node_path(self.home, m["path"] + "/kustomization.yaml").is_file():
@@ -1028,7 +1044,7 @@ class FakeNode:
         return "deployment.apps/triton-server created\nhorizontalpodautoscaler.autoscaling/triton-server created\n", "", 0
 
     def _k_rollout(self, m):
-        missing = self._needs("k3s", "k8s_applied")
+        missing = self._needs("k3s", "kubeconfig", "k8s_applied")
         if missing:
             return missing
         why = ("secret servelab-secrets not found" if not self.flags.get("secret") else
@@ -1043,12 +1059,12 @@ class FakeNode:
 
     def _k_ready(self, out):
         def handler(self, m):
-            return self._needs("k3s", "k8s_applied", "k8s_ready") or (out, "", 0)
+            return self._needs("k3s", "kubeconfig", "k8s_applied", "k8s_ready") or (out, "", 0)
         return handler
 
-    def _k_teardown(self, names, out):
+    def _k_teardown(self, names, out, needs=("k3s", "kubeconfig")):
         def handler(self, m):
-            missing = self._needs("k3s")
+            missing = self._needs(*needs)
             if missing:
                 return missing
             for n in names.split():
@@ -1065,7 +1081,56 @@ class FakeNode:
     def _k_target(self, m):
         if not self.flags.get("k3s"):
             return "", "error: kubectl: No such file or directory", 1
-        return self._needs("k8s_ready") or ("S(1) = 4000 us; target 2484 us of queue per request\nhpa/triton-server patched\n", "", 0)
+        return self._needs("kubeconfig", "k8s_ready") or (
+            "S(1) = 4000 us; target 2484 us of queue per request\nhpa/triton-server patched\n", "", 0)
+
+    def _k_copy_kubeconfig(self, m):
+        if not self.flags.get("k3s"):
+            return "", "install: cannot stat '/etc/rancher/k3s/k3s.yaml': No such file or directory", 1
+        target = _node_path(self.home, "~/.kube/config")
+        if not target.parent.is_dir():
+            return "", "install: cannot create regular file '/home/cc/.kube/config': No such file or directory", 1
+        target.write_text("apiVersion: v1\nkind: Config\n# the cluster's admin credentials\n")
+        target.chmod(int(m["mode"], 8))
+        return "", "", 0
+
+    def _bashrc_append(self, m):
+        rc = _node_path(self.home, "~/.bashrc")
+        rc.write_text((rc.read_text() if rc.is_file() else "") + m["line"] + "\n")
+        return "", "", 0
+
+    def _bashrc_delete(self, m):
+        rc = _node_path(self.home, "~/.bashrc")
+        if rc.is_file():
+            rc.write_text("".join(ln + "\n" for ln in rc.read_text().splitlines()
+                                  if ln != "export KUBECONFIG=$HOME/.kube/config"))
+        return "", "", 0
+
+    def _k_tls(self, m):
+        if not self.flags.get("k3s"):
+            return "", "error: kubectl: No such file or directory", 1
+        missing = self._needs("kubeconfig", "k8s_applied")
+        if missing:
+            return "", 'error: kubectl patch apiservice v1beta1.custom.metrics.k8s.io: Error from server (NotFound)', 1
+        self.flags["adapter_tls"] = True
+        return ("secret/prometheus-adapter-tls: a certificate for prometheus-adapter.servelab.svc; "
+                "apiservice/v1beta1.custom.metrics.k8s.io: caBundle set\n"), "", 0
+
+    def _k_adapter_rollout(self, m):
+        missing = self._needs("k3s", "kubeconfig", "k8s_applied")
+        if missing:
+            return missing
+        if not self.flags.get("adapter_tls"):
+            return "", 'error: timed out waiting for the condition (secret "prometheus-adapter-tls" not found)', 1
+        return 'deployment "prometheus-adapter" successfully rolled out\n', "", 0
+
+    def _k_metric(self, m):
+        missing = self._needs("k3s", "kubeconfig", "k8s_applied", "k8s_ready")
+        if missing:
+            return missing
+        if not self.flags.get("adapter_tls"):  # no caBundle: the API server does not trust the adapter
+            return "", "Error from server (ServiceUnavailable): the server is currently unable to handle the request", 1
+        return '{"kind":"MetricValueList","items":[{"value":"0"}]}\n', "", 0
 
     RULES = []  # filled below
 
@@ -1112,8 +1177,13 @@ FakeNode.RULES = [(__import__("re").compile(pattern), handler) for pattern, hand
     (r"python3 -m servelab\.node\.leaseclock", FakeNode._ok),
     (r"docker compose -f ~/serve-system-chi/docker/docker-compose-triton\.yaml (down|build)",
      lambda self, m: self._docker_needed() or ("", "", 0)),
-    (r"curl -sfL https://get\.k3s\.io \| INSTALL_K3S_VERSION=(?P<version>\S+) K3S_KUBECONFIG_MODE=644 sh -s - "
-     r"--disable traefik", FakeNode._k3s_install),
+    (r"curl -sfL https://get\.k3s\.io \| INSTALL_K3S_VERSION=(?P<version>\S+) K3S_KUBECONFIG_MODE=(?P<mode>\d+) "
+     r"sh -s - --disable traefik", FakeNode._k3s_install),
+    (r"sudo install -m (?P<mode>[0-7]{3}) -o \$\(id -u\) -g \$\(id -g\) /etc/rancher/k3s/k3s\.yaml ~/\.kube/config",
+     FakeNode._k_copy_kubeconfig),
+    (r"echo '(?P<line>export KUBECONFIG=\$HOME/\.kube/config)' >> ~/\.bashrc", FakeNode._bashrc_append),
+    (r"export KUBECONFIG=\$HOME/\.kube/config", FakeNode._flag(None, "kubeconfig_env")),
+    (r"sed -i '/\^export KUBECONFIG=\\\$HOME\\/\\\.kube\\/config\$/d' ~/\.bashrc", FakeNode._bashrc_delete),
     (r"kubectl get nodes", FakeNode._k_get_nodes),
     (r"kubectl apply -k ~/serve-system-chi/k8s/cluster", FakeNode._k_apply_cluster),
     (r"kubectl -n kube-system rollout status daemonset/nvidia-device-plugin --timeout=\d+m", FakeNode._k_plugin_rollout),
@@ -1126,8 +1196,10 @@ FakeNode.RULES = [(__import__("re").compile(pattern), handler) for pattern, hand
      FakeNode._k_apply_lab),
     (r"kubectl -n servelab rollout status deployment/triton-server --timeout=\d+m", FakeNode._k_rollout),
     (r"kubectl -n servelab get pods -o wide", FakeNode._k_ready(None, "triton-server-1   1/1   Running\n")),
+    (r"python3 -m servelab\.node\.kube tls", FakeNode._k_tls),
+    (r"kubectl -n servelab rollout status deployment/prometheus-adapter --timeout=\d+m", FakeNode._k_adapter_rollout),
     (r"kubectl get --raw /apis/custom\.metrics\.k8s\.io/v1beta1/namespaces/servelab/services/triton-server/"
-     r"servelab_queue_us_per_request", FakeNode._k_ready(None, '{"kind":"MetricValueList","items":[{"value":"0"}]}\n')),
+     r"servelab_queue_us_per_request", FakeNode._k_metric),
     (r"TRITON=\$\(kubectl -n servelab get svc triton-server -o jsonpath='\{\.spec\.clusterIP\}'\)",
      FakeNode._k_ready(None, "")),
     (r"docker run --rm --network host -v ~/serve-system-chi:/kit -w /kit -e PYTHONPATH=/kit "
@@ -1138,10 +1210,11 @@ FakeNode.RULES = [(__import__("re").compile(pattern), handler) for pattern, hand
      FakeNode._k_ready(None, "time     servelab_queue_us_per_request  target replicas computed\n")),
     (r"kubectl -n servelab get hpa triton-server -w",
      FakeNode._k_ready(None, "NAME            REFERENCE                  TARGETS   MINPODS   MAXPODS   REPLICAS\n")),
-    (r"kubectl delete namespace servelab", FakeNode._k_teardown(None, "namespace k8s_applied k8s_ready secret",
+    (r"kubectl delete namespace servelab", FakeNode._k_teardown(None, "namespace k8s_applied k8s_ready secret adapter_tls",
                                                                'namespace "servelab" deleted\n')),
     (r"kubectl delete -k ~/serve-system-chi/k8s/cluster", FakeNode._k_teardown(None, "k8s_cluster gpus_allocatable", "")),
-    (r"/usr/local/bin/k3s-uninstall\.sh", FakeNode._k_teardown(None, "k3s k3s_nvidia k8s_images", "")),
+    (r"/usr/local/bin/k3s-uninstall\.sh", FakeNode._k_teardown(None, "k3s k3s_nvidia k8s_images kubeconfig_mode", "",
+                                                                needs=("k3s",))),  # root's, through sudo
 ]]
 
 
