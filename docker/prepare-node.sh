@@ -26,8 +26,7 @@ echo "== $(date -u +%H:%M:%S) FastAPI part ready"
 
 echo "== $(date -u +%H:%M:%S) Triton server and SDK images (notebook 5)"
 # A failed pull of an image that is already here (a registry hiccup) does not stop the builds.
-for image in nvcr.io/nvidia/tritonserver:24.10-py3 nvcr.io/nvidia/tritonserver:24.10-py3-sdk; do
-  docker pull "$image" || docker image inspect "$image" > /dev/null
-done
+docker pull nvcr.io/nvidia/tritonserver:24.10-py3 || docker image inspect nvcr.io/nvidia/tritonserver:24.10-py3 > /dev/null
+docker pull nvcr.io/nvidia/tritonserver:24.10-py3-sdk || docker image inspect nvcr.io/nvidia/tritonserver:24.10-py3-sdk > /dev/null
 docker compose -f ~/serve-system-chi/docker/docker-compose-triton.yaml build
 echo "== $(date -u +%H:%M:%S) Triton part ready"

@@ -3,10 +3,12 @@ FROM python:3.11.13-slim-bookworm
 LABEL org.servelab.standin="nvcr.io/nvidia/tritonserver:24.10-py3-sdk stand-in: tritonclient[all] 2.50.0 and its perf_analyzer, Python 3.11"
 # tritonclient[all] 2.50.0 carries the real perf_analyzer; it links libb64.so.0d and libcudart.so.12,
 # which nvidia-pytriton 0.7.0 ships under hashed names (the kit's local target links them the same way).
+# The two files are copied out and nvidia-pytriton removed again: the SDK image has no tritonserver.
 ENV LD_LIBRARY_PATH=/usr/local/lib/perf-analyzer-libs
 RUN pip install --no-cache-dir "tritonclient[all]==2.50.0" nvidia-pytriton==0.7.0 "numpy<2" \
     && L=/usr/local/lib/python3.11/dist-packages/nvidia_pytriton.libs \
     && mkdir -p /usr/local/lib/perf-analyzer-libs && cd /usr/local/lib/perf-analyzer-libs \
-    && ln -s "$(ls $L/libb64-*.so.0d | head -n 1)" libb64.so.0d \
-    && ln -s "$(ls $L/libcudart-*.so.12* | head -n 1)" libcudart.so.12 \
-    && perf_analyzer --version
+    && cp "$(ls $L/libb64-*.so.0d | head -n 1)" libb64.so.0d \
+    && cp "$(ls $L/libcudart-*.so.12* | head -n 1)" libcudart.so.12 \
+    && pip uninstall -y -q nvidia-pytriton && rm -rf "$L" \
+    && perf_analyzer --version && ! python3 -c "import pytriton"

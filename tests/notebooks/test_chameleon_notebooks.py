@@ -220,8 +220,8 @@ def test_2_configures_docker_for_the_gpus_and_starts_the_pulls(site):
     assert state["prepared"] == [f"~/{chameleon.KIT_DIR}/docker/prepare-node.sh"]
     # The background script pulls the pinned Triton images and builds what notebooks 3 and 5 start.
     script = (REPO_ROOT / "docker" / "prepare-node.sh").read_text()
-    for needed in ("docker pull nvcr.io/nvidia/tritonserver:24.10-py3\n",
-                   "docker pull nvcr.io/nvidia/tritonserver:24.10-py3-sdk\n",
+    for needed in ("docker pull nvcr.io/nvidia/tritonserver:24.10-py3 ",
+                   "docker pull nvcr.io/nvidia/tritonserver:24.10-py3-sdk ",
                    "docker-compose-models.yaml run --rm models", "docker-compose-fastapi.yaml build",
                    "docker-compose-triton.yaml build"):
         assert needed in script, needed

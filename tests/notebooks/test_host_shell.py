@@ -159,19 +159,25 @@ def test_prepare_node_script_runs_the_notebooks_own_commands():
         line = line.split(" #", 1)[0].strip()
         if not line or line.startswith("#"):
             continue
-        argv = shlex.split(line)
-        env_vars = []
-        while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", argv[0]):
-            env_vars.append(argv.pop(0).split("=", 1)[0])
-        if argv[:2] == ["docker", "compose"]:
-            _check_compose_command(argv, env_vars)
-        elif argv[:2] == ["docker", "pull"]:
-            assert argv[2].startswith("nvcr.io/nvidia/tritonserver:24.10-py3"), argv
-            assert argv[2].split("-sdk")[0] in pins
-        elif argv[:2] == ["python3", "-m"]:
-            assert argv[2] == "servelab.node.compose" and argv[3] == "write-env", argv
-        else:
-            assert argv[0] in ("set", "trap", "cd", "echo"), line
+        pulled = None
+        parts = line.split(" || ") if line.startswith("docker pull ") else [line]
+        for part in parts:  # `docker pull X || docker image inspect X`: go on if X is here
+            argv = shlex.split(part)
+            env_vars = []
+            while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", argv[0]):
+                env_vars.append(argv.pop(0).split("=", 1)[0])
+            if argv[:2] == ["docker", "compose"]:
+                _check_compose_command(argv, env_vars)
+            elif argv[:2] == ["docker", "pull"]:
+                assert argv[2].startswith("nvcr.io/nvidia/tritonserver:24.10-py3"), argv
+                assert argv[2].split("-sdk")[0] in pins
+                pulled = argv[2]
+            elif argv[:3] == ["docker", "image", "inspect"]:
+                assert pulled and argv[3] == pulled and argv[4:] == [">", "/dev/null"], line
+            elif argv[:2] == ["python3", "-m"]:
+                assert argv[2] == "servelab.node.compose" and argv[3] == "write-env", argv
+            else:
+                assert argv[0] in ("set", "trap", "cd", "echo"), line
     assert MODELS_RUN_TEXT in text
 
 
