@@ -273,6 +273,28 @@ def test_ports_free_and_busy():
     assert doctor.check_ports([port]).status == PASS
 
 
+@pytest.mark.integration   # holds a port busy
+def test_ports_held_by_the_labs_own_containers_are_not_in_the_way(tmp_path):
+    """The compose check runs the doctor beside the running stack: its own ports read FAIL before."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "docker").write_text("#!/bin/sh\nprintf 'servelab-triton\\t127.0.0.1:8000-8002->8000-8002/tcp\\n"
+                                   "servelab-triton\\t0.0.0.0:80->5000/tcp, [::]:80->5000/tcp\\n"
+                                   "other\\t0.0.0.0:9999->9999/tcp\\n'\n")
+    (bindir / "docker").chmod(0o755)
+    assert doctor.lab_ports(Host(path=str(bindir))) == {80, 8000, 8001, 8002}
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    try:
+        mine = doctor.check_ports([port], held_by_lab={port})
+        assert mine.status == PASS and "lab's own" in mine.detail
+        assert doctor.check_ports([port], held_by_lab={port + 1}).status == FAIL
+    finally:
+        listener.close()
+
+
 def test_disk_space(tmp_path):
     assert doctor.check_disk(tmp_path, 0).status == PASS
     r = doctor.check_disk(tmp_path / "not" / "yet", 10 ** 9)  # nearest existing folder is measured

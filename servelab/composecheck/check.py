@@ -182,10 +182,9 @@ class Check:
         return time.monotonic(), busy, lab
 
     @staticmethod
-    def other_cores(before, after) -> float:
-        """Cores used by work outside the lab's containers between two samples (0.25 or more: spoiled)."""
-        wall = after[0] - before[0]
-        return max(0.0, (after[1] - before[1]) - (after[2] - before[2])) / wall if wall > 0 else 0.0
+    def other_work(before, after) -> tuple[float, float]:
+        """(wall s, CPU-s used by work outside the lab's containers) between two samples."""
+        return after[0] - before[0], max(0.0, (after[1] - before[1]) - (after[2] - before[2]))
 
     def opening_blocks(self, notebook: str) -> list[str]:
         """The node blocks a notebook asks for before its first code cell ("before you run any cell")."""
@@ -210,6 +209,7 @@ class Check:
             cmd.append("--opened")
         self.log("$ " + " ".join(cmd))
         sample = self.cpu_sample()
+        node_time = [0.0, 0.0]
         proc = subprocess.Popen(cmd, env=self.env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         output: list[str] = []
         reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
@@ -220,7 +220,11 @@ class Check:
             request = handoff / f"request-{served + 1}.sh"
             if request.exists():
                 served += 1
+                before = self.cpu_sample()
                 code = self.run_node_block(request.read_text())
+                node_wall, node_cpu = self.other_work(before, self.cpu_sample())
+                node_time[0] += node_wall  # the node's own commands (builds, restarts) run between cells:
+                node_time[1] += node_cpu   # their CPU is not other work during the notebook's runs
                 (handoff / f"done-{served}").write_text(str(code))
             if time.monotonic() > deadline:
                 proc.kill()
@@ -233,7 +237,8 @@ class Check:
         if summary is None:
             raise CheckFailed(f"notebook {name} gave no summary (exit {proc.returncode}):\n{text[-3000:]}")
         summary["node_commands"] = served
-        summary["host_other_cores"] = round(self.other_cores(sample, self.cpu_sample()), 2)
+        wall, cpu = self.other_work(sample, self.cpu_sample())
+        summary["host_other_cores"] = round(max(0.0, cpu - node_time[1]) / max(1e-9, wall - node_time[0]), 2)
         summary["judged"] = summary["host_other_cores"] < OTHER_CORES_LIMIT
         self.notebooks.append(summary)
         self.log(f"notebook {name} in the Jupyter container (Python {summary['python']}): {summary['checks']}, "

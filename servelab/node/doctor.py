@@ -266,14 +266,31 @@ def port_in_use(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> boo
         return s.connect_ex((host, port)) == 0
 
 
-def check_ports(ports: Iterable[int]) -> Result:
+def lab_ports(host: Host) -> set[int]:
+    """Host ports the lab's own running containers publish (Compose projects named servelab-*)."""
+    rc, out = host.run("docker", "ps", "--filter", "label=com.docker.compose.project", "--format",
+                       '{{.Label "com.docker.compose.project"}}\t{{.Ports}}')
+    held: set[int] = set()
+    for line in out.splitlines() if rc == 0 else ():
+        project, _, published = line.partition("\t")
+        if project.startswith("servelab-"):
+            for m in re.finditer(r":(\d+)(?:-(\d+))?->", published):  # 127.0.0.1:8000-8002->8000-8002/tcp
+                held.update(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
+    return held
+
+
+def check_ports(ports: Iterable[int], held_by_lab: Iterable[int] = ()) -> Result:
     ports = sorted(set(ports))
     busy = [p for p in ports if port_in_use(p)]
-    if busy:
-        return Result("Host ports free", FAIL, f"in use: {', '.join(map(str, busy))} (needed: "
+    others = [p for p in busy if p not in set(held_by_lab)]
+    if others:
+        return Result("Host ports free", FAIL, f"in use: {', '.join(map(str, others))} (needed: "
                       f"{', '.join(map(str, ports))})",
                       "stop what listens there (sudo ss -ltnp); a stack already up? "
                       "docker compose -f docker/docker-compose-<stack>.yaml down")
+    if busy:  # the doctor run beside a stack that is up: its own ports are not in the way
+        return Result("Host ports free", PASS, f"{', '.join(map(str, ports))} (in use by the lab's own "
+                      f"containers: {', '.join(map(str, busy))})")
     return Result("Host ports free", PASS, ", ".join(map(str, ports)))
 
 
@@ -409,7 +426,8 @@ def run_checks(host: Host | None = None, repo: Path | None = None, cpu: bool = F
     results.append(check_cgroup_driver(host, cpu=cpu, engine_ok=engine_ok))
     results += check_gpus(host, pins, cpu=cpu)
     results.append(check_gpu_container(host, cpu=cpu, engine_ok=engine_ok))
-    results.append(check_ports(ports if ports is not None else [p for s in stacks for p in STACK_PORTS[s]]))
+    results.append(check_ports(ports if ports is not None else [p for s in stacks for p in STACK_PORTS[s]],
+                               lab_ports(host) if engine_ok else ()))
     results.append(check_disk(docker_root(host) if engine_ok else Path("/var/lib/docker"), min_free_gb))
     results.append(check_artifacts(repo, stacks))
     results.append(check_onnx_compat(repo, stacks))

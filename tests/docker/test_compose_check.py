@@ -206,3 +206,17 @@ def test_every_standin_is_labelled_and_every_base_the_kit_names_has_one():
     for tag, dockerfile in standins.STANDINS.items():
         text = (standins.STANDIN_DIR / dockerfile).read_text()
         assert f'LABEL {standins.LABEL}="{tag} stand-in' in text, dockerfile
+
+
+@pytest.mark.parametrize("stack", ["fastapi", "fastapi+cpu", "triton", "triton+cpu", "triton+scale",
+                                   "triton+scale+cpu", "triton+analyzer"])
+def test_every_service_has_a_memory_limit_and_no_cpu_cap_above_one_core(stack, rendered, rendered_models):
+    """Issue 48, finding 5: no Compose service had a limit. Memory on every one (the CPU overrides keep
+    them: they reset only the GPU reservation); a CPU cap only on the services the lab does not measure,
+    at one core (Docker refuses a `cpus` above the host's core count)."""
+    for config in (rendered[stack], rendered_models):
+        for name, svc in config["services"].items():
+            assert int(svc.get("mem_limit", 0)) >= 128 * 2**20, f"{stack}: {name} has no memory limit"
+            if "cpus" in svc:
+                assert float(svc["cpus"]) <= 1.0, (stack, name, svc["cpus"])
+                assert name not in ("fastapi_server", "triton_server", "triton_0", "triton_1", "jupyter"), name
