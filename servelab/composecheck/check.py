@@ -432,7 +432,9 @@ class Check:
                      + "".join(f"\n    failed: {f}" for f in nb["failed"]))
         for f in self.findings:
             self.log("finding: " + f)
-        return 0 if all(s["ok"] for s in self.steps) else 1
+        passed = sum(s["ok"] for s in self.steps)
+        self.log(f"compose-check: {passed} passed, {len(self.steps) - passed} failed")  # one line per step
+        return 0 if passed == len(self.steps) else 1
 
 
 @contextmanager
