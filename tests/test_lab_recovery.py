@@ -121,7 +121,7 @@ def test_restore_puts_edited_configs_back_without_git(tmp_path):
     assert "nothing to restore" in again.stdout
 
 
-def _run_prepare(tmp_path, fail_on: str | None = None):
+def _run_prepare(tmp_path, fail_on: tuple[str, ...] = ()):
     """docker/prepare-node.sh as on the node: HOME with the kit in ~/serve-system-chi, a stand-in `docker`
     on PATH that logs its arguments (and fails on ``fail_on``), the real python3 for servelab.node.compose."""
     home = tmp_path / "home"
@@ -131,10 +131,11 @@ def _run_prepare(tmp_path, fail_on: str | None = None):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "docker-calls"
+    pattern = "|".join('*"%s"*' % f for f in fail_on)  # a shell case pattern: any of them fails
     (bin_dir / "docker").write_text(
         "#!/bin/sh\n"
         f'echo "$*" >> {calls}\n'
-        + (f'case "$*" in *{fail_on}*) echo "error: {fail_on} failed" >&2; exit 1;; esac\n' if fail_on else "")
+        + (f'case "$*" in {pattern}) echo "error: $1 failed" >&2; exit 1;; esac\n' if fail_on else "")
         + "exit 0\n")
     (bin_dir / "docker").chmod(0o755)
     (bin_dir / "python3").symlink_to(sys.executable)
@@ -168,7 +169,9 @@ def test_prepare_node_builds_in_the_notebooks_order_and_the_doctor_reads_it(tmp_
 def test_a_failed_background_step_is_reported_and_the_doctor_says_so(tmp_path):
     from servelab.node import doctor
 
-    rc, log, calls, _ = _run_prepare(tmp_path, fail_on="pull")
+    # the pull fails and the image is not here either (with the image already here the script goes on:
+    # tests/docker/test_compose_check.py)
+    rc, log, calls, _ = _run_prepare(tmp_path, fail_on=("pull", "image inspect"))
     assert rc != 0
     text = log.read_text()
     assert "FastAPI part ready" in text and "Triton part ready" not in text

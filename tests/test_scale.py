@@ -83,6 +83,7 @@ def test_committed_node_configs_are_the_generated_ones_and_validate(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+@pytest.mark.integration   # a real server on loopback
 def test_haproxy_cuts_off_a_client_that_sends_its_headers_slowly(tmp_path):
     """The real HAProxy with the generated config: a client that sends one header line a second
     and never ends its headers. `timeout client` counts only silence, so without `timeout

@@ -133,6 +133,7 @@ def _handshake(files: dict, server_hostname: str) -> str:
         listener.close()
 
 
+@pytest.mark.integration   # a real server on loopback
 def test_the_adapters_certificate_is_trusted_through_its_ca_for_its_service_name_only(tmp_path):
     import ssl
 
