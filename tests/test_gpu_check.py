@@ -314,3 +314,61 @@ def test_reap_kills_only_what_a_phase_left_under_its_work_folder(tmp_path):
         for p in (left, other):
             p.kill()
             p.wait()
+
+
+def test_accel_judges_overlap_and_an_unsettled_baseline():
+    """Two variants whose block medians overlap cannot be ordered; a baseline that drifts more than
+    25 % between blocks makes the run unsettled (its ratios are not evidence)."""
+    from servelab.gpucheck import accel
+
+    unsettled, pairs = accel.judge({"fp32 eager": [10.0, 10.5, 10.2], "fp16 eager": [6.0, 6.1, 6.2],
+                                    "fp32 torch.compile": [10.4, 11.0, 10.9]})
+    assert not unsettled
+    assert pairs == ["fp32 eager / fp32 torch.compile"]
+    unsettled, pairs = accel.judge({"fp32 eager": [10.0, 13.0, 10.2], "fp16 eager": [6.0, 6.1, 6.2]})
+    assert unsettled and pairs == []
+
+
+def test_accel_measures_every_variant_with_fidelity_against_fp32(tmp_path):
+    """The accel phase's measurement on a small stand-in model on the CPU: fp32 agrees with itself
+    exactly, FP16 differs by a small nonzero amount, S(b) has every asked size with its raw samples,
+    and torch.compile is skipped on the CPU with its reason."""
+    import torch
+
+    from servelab.gpucheck import accel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 8, stride=8), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(4, 11))
+    path = tmp_path / "small.pth"
+    torch.save(model, path)
+    res = accel.measure("cpu", tiny=True, model_path=path, rounds=9, sb_repeats=2, generated=5, log=lambda *_: None)
+    assert list(res["variants"]) == ["fp32 eager", "fp16 eager"]
+    assert res["fidelity"]["fp32 eager"]["samples"]["max_abs_logit_diff"] == 0.0
+    assert 0.0 < res["fidelity"]["fp16 eager"]["generated"]["max_abs_logit_diff"] < 0.1
+    assert res["fidelity"]["fp16 eager"]["generated"]["n"] == 5
+    assert all(len(v) == 9 for v in res["raw"]["b1_ms"].values())
+    assert set(res["batch_cost_ms"]["fp16 eager"]) == {1, 2, 16}
+    assert all(len(xs) == 2 for xs in res["raw"]["sb_ms"]["fp32 eager"].values())
+    assert "torch.compile" in res["skipped"]
+    rows = accel.figures(res)
+    assert any(r["what"].startswith("S(b) fp32 eager") for r in rows)
+    assert res["variants"]["fp32 eager"]["b1_speedup_vs_fp32"] == 1.0
+
+
+def test_the_committed_accel_runs_hold_their_raw_samples_and_the_documented_ratio():
+    """docs/gpu-reference.md and batchcost.py cite S(16)/S(1) = 1.00 and 1.03 (fp32) from the two
+    committed accel runs: recomputed here from their raw samples, not from the rounded summary."""
+    import json
+    import statistics
+
+    from servelab.core import paths
+
+    ratios = []
+    for run in ("2026-11-27-h200-accel", "2026-11-27-h200-accel-2"):
+        data = json.loads((paths.REPO_ROOT / "docs" / "gpu-runs" / run / "results.json").read_text())
+        acc = next(p for p in data["phases"] if p["phase"] == "accel")
+        raw = acc["raw"]["sb_ms"]["fp32 eager"]
+        assert sorted(map(int, raw)) == list(range(1, 17)) and all(len(v) == acc["sb_repeats"] for v in raw.values())
+        ratios.append(round(statistics.median(raw["16"]) / statistics.median(raw["1"]), 2))
+    assert ratios == [1.00, 1.03]

@@ -35,6 +35,9 @@ SIZES = (1, 2, 4, 8, 16)
 # once for this kit, fastapi_pt/food11.pth in PyTorch 2.11 fp32 on an NVIDIA
 # H100 80GB, 2026-11-26, median of 100 runs after warm-up, inputs already on
 # the GPU (copying them there and back added 0.0-0.3 ms at b=1, 0.9 ms at b=16).
+# Raw output of the same measurement, every sample kept: gpu-check's accel phase on an
+# NVIDIA H200, 2026-11-27, docs/gpu-runs/2026-11-27-h200-accel*/results.json: S(16)/S(1) =
+# 1.00 and 1.03 in fp32 (docs/gpu-reference.md).
 GPU_REFERENCE_MS = {1: 2.71, 2: 2.60, 4: 2.51, 8: 2.60, 16: 2.80}
 GPU_REFERENCE = (f"the kit's MobileNetV2 on an NVIDIA H100 (PyTorch fp32, measured once for this kit) takes "
                  f"{GPU_REFERENCE_MS[1]:.2f} ms for one image and {GPU_REFERENCE_MS[16]:.2f} ms for 16, i.e. "

@@ -363,8 +363,24 @@ def cuda_tests(args, work: Path) -> dict:
     return res
 
 
+# --------------------------------------------------------------------------
+# accel
+# --------------------------------------------------------------------------
+
+def accel(args, work: Path) -> dict:
+    import torch
+
+    from servelab.gpucheck import accel as acc
+
+    gpu = _want_gpu(args)
+    if gpu and not torch.cuda.is_available():
+        return {"status": "fail", "reason": "a GPU was expected and torch sees none", "figures": []}
+    res = acc.measure("cuda" if gpu else "cpu", tiny=args.tiny)
+    return {"status": "ok", **res, "figures": acc.figures(res)}
+
+
 PHASES = {"probe": probe, "models": models, "fastapi": fastapi, "triton": triton_phase, "tour": tour,
-          "cuda_tests": cuda_tests}
+          "cuda_tests": cuda_tests, "accel": accel}
 
 
 def main(argv=None) -> int:

@@ -13,6 +13,9 @@ recorded and the next phase starts; a phase with no time left says so:
                   perf_analyzer at concurrency 1, 8, 16 and ``-b 16``
 5. ``tour``       the tour at reduced scale (FastAPI, Triton Python and ONNX parts)
 6. ``cuda_tests`` ``pytest -m cuda`` on the test files that hold such tests
+7. ``accel``      one forward pass in fp32, FP16 and torch.compile (where the GPU allows it),
+                  with fidelity against fp32, and S(b), b = 1..16, in fp32 and FP16
+                  (:mod:`servelab.gpucheck.accel`)
 
 nvidia-smi (GPU) and /proc/stat (CPU: the images are decoded there) are sampled
 every 0.5 s throughout, each sample tagged with its phase.
@@ -72,6 +75,7 @@ PHASES = (
     Phase("triton", 150, 150, stub_numpy=True),
     Phase("tour", 120, 90, stub_numpy=True),
     Phase("cuda_tests", 60, 60, stub_numpy=True),  # tests/triton/test_cuda.py starts a Triton
+    Phase("accel", 150, 90),  # last: fp32 / FP16 / torch.compile and S(b), the newest phase
 )
 PHASE_NAMES = tuple(p.name for p in PHASES)
 OUT_FILES = ("summary.md", "results.json", "log.txt", "samples.csv", "perf.txt", "tour-report.md",
