@@ -348,7 +348,7 @@ def test_accel_measures_every_variant_with_fidelity_against_fp32(tmp_path):
     assert 0.0 < res["fidelity"]["fp16 eager"]["generated"]["max_abs_logit_diff"] < 0.1
     assert res["fidelity"]["fp16 eager"]["generated"]["n"] == 5
     assert all(len(v) == 9 for v in res["raw"]["b1_ms"].values())
-    assert set(res["batch_cost_ms"]["fp16 eager"]) == {1, 2, 16}
+    assert set(res["batch_cost_ms"]["fp16 eager"]) == {1, 2} and res["big_batch"] == 2
     assert all(len(xs) == 2 for xs in res["raw"]["sb_ms"]["fp32 eager"].values())
     assert "torch.compile" in res["skipped"]
     rows = accel.figures(res)

@@ -6,7 +6,8 @@ What a student does on the node, in order, with the node's own files and command
 2. ``docker/prepare-node.sh``, as notebook 2 starts it (models image, model files, every image);
 3. notebook 3's node commands, then notebook 4 executed inside the running Jupyter container;
 4. a model server restarted under load (failed requests counted, the service back);
-5. notebook 5's node commands, then notebooks 6 and 6a inside the Jupyter container;
+5. notebook 5's node commands, then notebooks 6, 6a and 6b inside the Jupyter container (6b's node
+   command runs Model Analyzer in its own container, docker-compose-analyzer.yaml);
 6. notebook 6c inside the Jupyter container, its own node command starting the scale overlay;
 7. the node doctor, the published ports against docs/SECURITY.md, and ``down -v`` of every stack,
    after which no container, network, volume or ``/dev/shm`` file of the lab is left.
@@ -403,6 +404,10 @@ class Check:
                 self.notebook_in_jupyter("6_triton", hand_edit="/models")
             with self.step("notebook 6a inside the Jupyter container"):
                 self.notebook_in_jupyter("6a_triton_pipeline")
+            with self.step("notebook 6b inside the Jupyter container (its node command runs Model Analyzer)"):
+                summary = self.notebook_in_jupyter("6b_model_analyzer")
+                if not summary["node_commands"]:
+                    raise CheckFailed("notebook 6b asked for no node command: Model Analyzer did not run")
             self.memory_peaks()
             with self.step("notebook 6c inside the Jupyter container (scale overlay)"):
                 self.notebook_in_jupyter("6c_scale_out")

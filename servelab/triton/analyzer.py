@@ -195,6 +195,8 @@ NODE_CLONE = "/home/jovyan/serve-system-chi"     # the clone inside the Jupyter 
 NODE_MODELS = "/models"                          # models_staging, bind-mounted read-only
 NODE_RUN_DIR = f"build/model-analyzer/node-{NODE_MODEL}"   # relative to the clone: results land in it
 NODE_CONFIG = paths.REPO_ROOT / "docker" / "analyzer" / f"{NODE_MODEL}.yaml"
+# A Docker host without a GPU (docker-compose-analyzer.cpu.yaml): the same search on KIND_CPU copies.
+NODE_CONFIG_CPU = NODE_CONFIG.with_suffix(".cpu.yaml")
 NODE_PORTS = (8000, 8001, 8002)                  # inside triton_analyzer's own network namespace
 
 
@@ -222,7 +224,7 @@ def node_server_command(admin_key: str = "${TRITON_ADMIN_KEY}") -> list[str]:
 
 
 def node_config(model: str = NODE_MODEL, space: Space = NODE_SPACE, budget_ms: float = NODE_BUDGET_MS,
-                perf_flags: dict | None = None) -> dict:
+                perf_flags: dict | None = None, kind: str = "KIND_GPU") -> dict:
     """Model Analyzer's profile config on the node (remote launch mode, paths inside the
     ``model_analyzer`` container). No ``triton_server_flags``: in remote mode Model Analyzer
     starts no server, so the flags are ``triton_analyzer``'s command (:func:`node_server_command`)."""
@@ -241,18 +243,44 @@ def node_config(model: str = NODE_MODEL, space: Space = NODE_SPACE, budget_ms: f
         "client_protocol": "grpc",
         "perf_output": True,
         "perf_output_path": f"{run_dir}/perf_analyzer.log",
-        **_search(model, space, budget_ms, perf_flags, "KIND_GPU"),
+        **_search(model, space, budget_ms, perf_flags, kind),
     }
 
 
-def write_node_config(path: Path = NODE_CONFIG) -> Path:
+def write_node_config(path: Path = NODE_CONFIG, kind: str = "KIND_GPU") -> Path:
     """Write :func:`node_config` as the YAML file the ``model_analyzer`` service reads
     (JSON is YAML). It holds no key: the server's key stays in ``docker/.env``."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    where = "the node" if kind == "KIND_GPU" else "a Docker host without a GPU (docker-compose-analyzer.cpu.yaml)"
     path.write_text("# Written by `python -m servelab triton analyzer-node-config` (servelab/triton/analyzer.py,\n"
-                    "# node_config): Model Analyzer's profile config on the node, remote launch mode.\n"
-                    + json.dumps(node_config(), indent=1) + "\n")
+                    f"# node_config): Model Analyzer's profile config on {where}, remote launch mode.\n"
+                    + json.dumps(node_config(kind=kind), indent=1) + "\n")
     return path
+
+
+def launches_locally() -> bool:
+    """Whether Model Analyzer can start its own tritonserver here (local launch mode): the kit's
+    venv has both. In the node's Jupyter container (the SDK image) it has neither, and notebook 6b
+    reads what the node's ``model_analyzer`` service measured (:func:`node_run`)."""
+    try:
+        executable()
+        find_install()
+    except Exception:  # no model-analyzer on the kit's PATH, or no tritonserver (pytriton) here
+        return False
+    return True
+
+
+def node_run(root: Path | None = None, model: str = NODE_MODEL) -> AnalyzerRun:
+    """The results the node's ``model_analyzer`` service wrote (docker-compose-analyzer.yaml), read
+    from the clone: ``build/model-analyzer/node-<model>/``. ``seconds`` spans its files' times."""
+    run_dir = (root or paths.REPO_ROOT) / NODE_RUN_DIR
+    run = AnalyzerRun(model, run_dir, NODE_SPACE, NODE_BUDGET_MS, 0.0, [], run_dir / "perf_analyzer.log")
+    if not run.results_csv.is_file():
+        raise AnalyzerError(f"no results in {run_dir}: run the node command above first (docker compose ... "
+                            "--profile analyzer run --rm model_analyzer), on node-serve-system")
+    times = [f.stat().st_mtime for f in run_dir.rglob("*") if f.is_file()]
+    run.seconds = max(times) - min(times)
+    return run
 
 
 # --------------------------------------------------------------------------

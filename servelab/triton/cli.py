@@ -101,7 +101,8 @@ def add_parser(sub) -> None:
     pa.set_defaults(func=_cmd_perf)
 
     an = tsub.add_parser("analyzer-node-config",
-                         help="write docker/analyzer/<model>.yaml, Model Analyzer's config on the node (remote mode)")
+                         help="write docker/analyzer/<model>.yaml and <model>.cpu.yaml, Model Analyzer's config on the node "
+                              "and on a Docker host without a GPU (remote mode)")
     an.set_defaults(func=_cmd_analyzer_node_config)
 
 
@@ -282,6 +283,7 @@ def _cmd_analyzer_node_config(args) -> int:
     from servelab.triton import analyzer
 
     print(analyzer.write_node_config())
+    print(analyzer.write_node_config(analyzer.NODE_CONFIG_CPU, kind="KIND_CPU"))
     return 0
 
 

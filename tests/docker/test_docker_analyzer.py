@@ -15,7 +15,7 @@ import pytest
 from servelab.core import procs
 from servelab.triton import analyzer
 
-from .dockerkit import DOCKER, REPO, SECRETS, STACKS, compose_env, mounts, published, services
+from .dockerkit import DOCKER, REPO, SECRETS, STACKS, compose_env, gpu_devices, mounts, published, render, services
 
 STACK = "triton+analyzer"
 KEY = SECRETS["TRITON_ADMIN_KEY"]
@@ -154,3 +154,37 @@ def test_model_analyzer_rejects_a_broken_node_config(tmp_path):
 def test_docs_name_the_override():
     readme = (DOCKER / "README.md").read_text()
     assert "docker-compose-analyzer.yaml" in readme and "remote" in readme
+
+
+def test_the_cpu_override_searches_kind_cpu_copies_on_the_cpu_repository(tmp_path):
+    """A Docker host without a GPU (the compose check): the committed CPU config is what analyzer.py
+    writes, KIND_CPU in place of KIND_GPU and nothing else changed; the override runs it, reads the
+    KIND_CPU copy of the repository read-only, and reserves no GPU."""
+    out = analyzer.write_node_config(tmp_path / "cpu.yaml", kind="KIND_CPU")
+    assert analyzer.NODE_CONFIG_CPU.read_text() == out.read_text()
+    gpu, cpu = analyzer.node_config(), analyzer.node_config(kind="KIND_CPU")
+    assert json.dumps(cpu) == json.dumps(gpu).replace('"KIND_GPU"', '"KIND_CPU"') != json.dumps(gpu)
+    env_file = tmp_path / ".env"
+    env_file.write_text("")
+    svcs = services(render("triton+analyzer+cpu", env_file))
+    script = svcs["model_analyzer"]["command"][-1]
+    cfg = analyzer.NODE_CONFIG_CPU.relative_to(REPO)
+    assert script.endswith(f"model-analyzer profile -f {cfg}") and f"cp {cfg} {analyzer.NODE_RUN_DIR}/profile.yaml" in script
+    for name in ("triton_analyzer", "model_analyzer"):
+        models = mounts(svcs[name])[analyzer.NODE_MODELS]
+        assert (models["source"], models.get("read_only")) == ("triton_cpu_models", True), name
+    assert not gpu_devices(svcs["triton_analyzer"])
+
+
+def test_node_run_reads_the_node_results_or_names_the_command(tmp_path):
+    """In the node's Jupyter container notebook 6b reads what the node command wrote; before it ran,
+    the error names the command to run."""
+    with pytest.raises(analyzer.AnalyzerError, match="--profile analyzer run --rm model_analyzer"):
+        analyzer.node_run(tmp_path)
+    run_dir = tmp_path / analyzer.NODE_RUN_DIR
+    csv = run_dir / analyzer.RESULTS_CSV
+    csv.parent.mkdir(parents=True)
+    csv.write_text("Model,Batch\n")
+    (run_dir / "profile.yaml").write_text("{}")
+    run = analyzer.node_run(tmp_path)
+    assert run.results_csv == csv and run.model == analyzer.NODE_MODEL and run.space == analyzer.NODE_SPACE

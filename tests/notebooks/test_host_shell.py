@@ -123,9 +123,14 @@ def _check_compose_command(argv: list[str], env_vars: list[str]) -> list[Path]:
     text = "\n".join(f.read_text() for f in files)
     for var in env_vars:
         assert re.search(r"\$\{" + var + r"[:}\-?]", text), f"{var} is not a variable of {files}"
-    rest = [a for a in argv[2:] if a not in ("-f",) and not a.startswith("-") and not a.startswith(KIT_ON_NODE)]
+    valued = {i + 1 for i, a in enumerate(argv) if a in ("--profile", "--env-file")}  # options with a value
+    rest = [a for i, a in enumerate(argv) if i >= 2 and i not in valued and a not in ("-f",)
+            and not a.startswith("-") and not a.startswith(KIT_ON_NODE)]
+    for i in valued:
+        assert argv[i - 1] != "--profile" or any(f"- {argv[i]}" in f.read_text() or f'"{argv[i]}"' in f.read_text()
+                                                 for f in files), f"no service in profile {argv[i]}"
     verb, targets = rest[0], rest[1:]
-    assert verb in ("up", "down", "ps", "logs", "build", "restart", "config", "stop", "pull", "run"), verb
+    assert verb in ("up", "down", "ps", "logs", "build", "restart", "config", "stop", "pull", "run", "rm"), verb
     if verb == "run":  # `run --rm SERVICE [ARGS...]`: the service, then its command's arguments
         assert "--rm" in argv, "one-shot containers are removed after the run"
         targets = targets[:1]
