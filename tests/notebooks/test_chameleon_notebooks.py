@@ -306,6 +306,17 @@ def _run_edited(site, name, old, new):
 
 
 @pytest.mark.e2e   # executes notebooks
+def test_2_without_a_lease_says_to_create_one(tmp_path):
+    """python-chi 1.2's get_lease raises CHIValueError for a name no lease has (it never returns
+    None): notebook 2 turns that into the kit's one clear line."""
+    site = _make_site(tmp_path)
+    with pytest.raises(nbclient.exceptions.CellExecutionError) as err:
+        _run(site, "2_create_server_nvidia")
+    assert f"No lease named {chameleon.lease_name(USER)}: create it with 1_create_lease first." in str(err.value)
+    assert not site["cloud"].load()["servers"]
+
+
+@pytest.mark.e2e   # executes notebooks
 def test_1_a_later_start_is_submitted_pending_without_waiting(tmp_path):
     site = _make_site(tmp_path)
     start = (datetime.now(timezone.utc) + timedelta(days=2)).replace(minute=0, second=0, microsecond=0,
