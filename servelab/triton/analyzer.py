@@ -29,10 +29,14 @@ only one ``backend-config`` (the shm prefix); ``triton_server_environment`` is
 perf_analyzer's environment too, so it keeps ``LD_LIBRARY_PATH``.
 
 Admin key: Model Analyzer's client sends no headers, so its server cannot key the
-model-repository API (it loads every variant through it). Its private server listens
-on 127.0.0.1 only, with shared-memory, logging and trace still behind a fresh key;
-the model-repository API is open on loopback for that server alone, for as long as
-the profile runs. The kit's own Triton keeps all four keyed.
+model-repository API (it loads every variant through it), and a keyless load may carry
+a ``model.py`` that the server runs. Its private server listens on 127.0.0.1 only, with
+shared-memory, logging and trace still behind a fresh key, and Model Analyzer runs in a
+network namespace of its own (:mod:`servelab.triton.netns`) with everything it starts: that
+127.0.0.1 is theirs alone, so no other process on the machine and no web page can reach
+the open API. Where no namespace can be made (user namespaces disabled), :func:`profile`
+refuses unless ``SERVELAB_ANALYZER_NO_NETNS=1`` says to run it unprotected. The kit's own
+Triton keeps all four APIs keyed.
 
 On the Chameleon node (:func:`node_config`, :func:`node_server_command`; the
 ``analyzer`` profile of ``docker/docker-compose-analyzer.yaml``): the Triton 24.10
@@ -61,6 +65,7 @@ from typing import Sequence
 
 from servelab.core import paths, procs
 from servelab.serve.threads import remove_locks as remove_core_locks
+from servelab.triton import netns
 from servelab.triton.config import config_to_dict, load_config
 from servelab.triton.install import HTTP_ADMIN_HEADER, find_install, server_env
 from servelab.triton.process import stub_processes, terminate
@@ -72,6 +77,8 @@ RESULTS_CSV = Path("export") / "results" / "metrics-model-inference.csv"
 SUMMARY = Path("export") / "reports" / "summaries"
 # What Model Analyzer's own server keeps behind the key (it cannot send one for the rest).
 KEYED_APIS = ("shared-memory", "logging", "trace")
+# Set to 1 to run the local profile without a network namespace of its own (docs/SECURITY.md).
+NO_NETNS = "SERVELAB_ANALYZER_NO_NETNS"
 
 
 class AnalyzerError(RuntimeError):
@@ -382,6 +389,7 @@ class AnalyzerRun:
     log: Path
     shm_prefix: str = ""
     servers: list[int] = field(default_factory=list)   # PIDs of the tritonservers it started
+    isolated: bool = True     # in a network namespace of its own (False: SERVELAB_ANALYZER_NO_NETNS=1)
 
     @property
     def results_csv(self) -> Path:
@@ -398,12 +406,30 @@ class AnalyzerRun:
         return results(self.run_dir, self.model)
 
 
-def _run(cmd: list[str], log: Path, timeout: float, shm_prefix: str, servers: list[int] | None = None) -> list[str]:
-    """Run one model-analyzer command in its own session; stop everything it started
-    (the PIDs of the tritonservers it started are added to ``servers``)."""
+def isolation() -> bool:
+    """Whether the local profile runs in a network namespace of its own: True, unless
+    ``SERVELAB_ANALYZER_NO_NETNS=1``; raises (one line) if none can be made here."""
+    if os.environ.get(NO_NETNS) == "1":
+        return False
+    why = netns.unavailable()
+    if why:
+        raise AnalyzerError(
+            f"Model Analyzer's local profile runs in a network namespace of its own, so that no other "
+            f"local process or web page can reach its keyless server, and this machine cannot make one "
+            f"({why}): enable unprivileged user namespaces (user.max_user_namespaces > 0; on Ubuntu 24.04 "
+            f"kernel.apparmor_restrict_unprivileged_userns=0), or set {NO_NETNS}=1 to run it unprotected "
+            f"(docs/SECURITY.md).")
+    return True
+
+
+def _run(cmd: list[str], log: Path, timeout: float, shm_prefix: str, servers: list[int] | None = None,
+         isolate: bool = True) -> list[str]:
+    """Run one model-analyzer command in its own session (and, if ``isolate``, in a network
+    namespace of its own); stop everything it started (the PIDs of the tritonservers it
+    started are added to ``servers``)."""
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=procs.child_env(), cwd=log.parent, start_new_session=True)
+        proc = subprocess.Popen(netns.command(cmd) if isolate else cmd, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=procs.child_env(), cwd=log.parent, start_new_session=True)
     left = Leftovers(proc.pid, shm_prefix)
     left.follow()
     try:
@@ -441,8 +467,10 @@ def profile(model: str, space: Space, budget_ms: float, *, source: Path | None =
             run_dir: Path | None = None, perf_flags: dict | None = None, timeout: float = 1800.0,
             report: bool = True) -> AnalyzerRun:
     """``model-analyzer profile`` (a brute search of ``space`` under a p99 budget), then
-    ``report``; everything under ``run_dir`` (default ``build/model-analyzer/<model>-<time>``)."""
+    ``report``; everything under ``run_dir`` (default ``build/model-analyzer/<model>-<time>``).
+    Both run in a network namespace of its own (:func:`isolation`)."""
     exe = executable()
+    isolate = isolation()
     if run_dir is None:
         run_dir = _fresh_dir(OUTPUT_ROOT / f"{model}-{time.strftime('%Y%m%d-%H%M%S')}")
     else:   # a folder the caller named is started afresh
@@ -464,14 +492,15 @@ def profile(model: str, space: Space, budget_ms: float, *, source: Path | None =
     log = run_dir / "model-analyzer.log"
     t0 = time.monotonic()
     servers: list[int] = []
-    cleaned = _run([str(exe), "profile", "-f", str(config_file)], log, timeout, shm_prefix, servers)
+    cleaned = _run([str(exe), "profile", "-f", str(config_file)], log, timeout, shm_prefix, servers, isolate)
     if report:
         report_cfg = run_dir / "report.yaml"
         report_cfg.write_text(json.dumps({
             "checkpoint_directory": cfg["checkpoint_directory"], "export_path": cfg["export_path"],
             "report_model_configs": config_names(run_dir, model)[:3]}, indent=1))
-        cleaned += _run([str(exe), "report", "-f", str(report_cfg)], log, timeout, shm_prefix, servers)
-    return AnalyzerRun(model, run_dir, space, budget_ms, time.monotonic() - t0, cleaned, log, shm_prefix, servers)
+        cleaned += _run([str(exe), "report", "-f", str(report_cfg)], log, timeout, shm_prefix, servers, isolate)
+    return AnalyzerRun(model, run_dir, space, budget_ms, time.monotonic() - t0, cleaned, log, shm_prefix, servers,
+                       isolate)
 
 
 # --------------------------------------------------------------------------

@@ -5,9 +5,12 @@ key, and the cleanup: nothing left running, no shared-memory region, no core loc
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -18,7 +21,7 @@ import pytest
 
 from servelab.bench import configsearch, queueing
 from servelab.core import procs
-from servelab.triton import analyzer
+from servelab.triton import analyzer, netns
 from tests.bench.test_benchmarks_smoke import run_tiny
 from tests.tiers import tier
 
@@ -47,9 +50,28 @@ def test_flags_render_as_model_analyzer_passes_them(tmp_path):
     assert cfg["constraints"] == {"perf_latency_p99": {"max": 250.0}}
 
 
-def _status(url: str, headers: dict | None = None) -> int:
+# Sent from the host namespace while the profile runs: a keyless load that carries its own
+# model.py, as a web page could send it blind (text/plain, a foreign Origin). On a server it
+# reaches, initialize() runs and writes MARKER (issue 48, finding 2).
+PLANTED = """import pathlib
+class TritonPythonModel:
+    def initialize(self, args):
+        pathlib.Path(MARKER).write_text("ran")
+    def execute(self, requests):
+        return []
+"""
+
+
+def _planted_load(base: str, marker: Path) -> int:
+    body = json.dumps({"parameters": {
+        "config": json.dumps({"backend": "python", "max_batch_size": 0,
+                              "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [1]}],
+                              "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [1]}]}),
+        "file:1/model.py": base64.b64encode(PLANTED.replace("MARKER", repr(str(marker))).encode()).decode()}})
+    req = urllib.request.Request(base + "/v2/repository/models/planted/load", data=body.encode(), method="POST",
+                                 headers={"Content-Type": "text/plain", "Origin": "http://attacker.example"})
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2) as r:
+        with urllib.request.urlopen(req, timeout=30) as r:
             return r.status
     except urllib.error.HTTPError as err:
         return err.code
@@ -57,32 +79,84 @@ def _status(url: str, headers: dict | None = None) -> int:
         return 0
 
 
+def _connect(port: int) -> str:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return "connected"
+    except OSError as err:
+        return type(err).__name__
+
+
+INSIDE = """import json, sys, urllib.error, urllib.request
+base, key = sys.argv[1:]
+def status(path, headers={}):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(base + path, headers=headers), timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return 0
+print(json.dumps({"live": status("/v2/health/live"),
+                  "shm without key": status("/v2/systemsharedmemory/status"),
+                  "shm with key": status("/v2/systemsharedmemory/status", {"admin-key": key}),
+                  "repository index": status("/v2/repository/index")}))
+"""
+
+
+def _inside(pid: int, base: str, key: str) -> dict:
+    """The private server's APIs probed from inside its network namespace (nsenter: root, or the
+    user who owns the namespace, can enter it)."""
+    enter = ["nsenter", f"--target={pid}", "--net"]
+    if os.readlink(f"/proc/{pid}/ns/user") != os.readlink("/proc/self/ns/user"):
+        enter[2:2] = ["--user", "--preserve-credentials"]
+    out = subprocess.run([*enter, sys.executable, "-c", INSIDE, base, key], capture_output=True, text=True,
+                         timeout=20)
+    return json.loads(out.stdout) if out.returncode == 0 else {"nsenter": out.stderr.strip()}
+
+
+def _server_pid(run_dir: Path) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            argv = procs.cmdline(int(entry.name))
+            if argv and argv[0].endswith("tritonserver") and str(run_dir) in " ".join(argv):
+                return int(entry.name)
+    return None
+
+
 @pytest.fixture(scope="module")
 @tier("e2e")   # a benchmark's --tiny run: Model Analyzer profiles with its own tritonservers
 def profiled(tmp_path_factory):
     """One real profile: `benchmarks/bench_model_analyzer.py --tiny` (its smoke test too: the
-    rows and JSON it promises), on SPACE; meanwhile, the private server's keyed and open APIs
-    are probed."""
+    rows and JSON it promises), on SPACE. Meanwhile, once one of its servers answers (seen from
+    inside its namespace), its ports are tried from this (the host's) namespace, a planted
+    keyless load included, and its keyed and open APIs are probed from inside."""
     work = tmp_path_factory.mktemp("ma")
     run_dir = work / "run"
-    probes: dict[str, int] = {}
+    marker = work / "planted-model-ran"
+    probes: dict = {}
     done = threading.Event()
 
     def probe():
         cfg_file = run_dir / "profile.yaml"
-        while not done.is_set() and len(probes) < 3:
-            if cfg_file.is_file():
-                try:
-                    cfg = json.loads(cfg_file.read_text())
-                except ValueError:
-                    continue
-                base = "http://" + cfg["triton_http_endpoint"]
-                key = cfg["triton_server_flags"]["http-restricted-api"].rsplit("=", 1)[1]
-                if _status(base + "/v2/health/live") == 200:
-                    probes["shm without key"] = _status(base + "/v2/systemsharedmemory/status")
-                    probes["shm with key"] = _status(base + "/v2/systemsharedmemory/status", {"admin-key": key})
-                    probes["repository index"] = _status(base + "/v2/repository/index")
+        while not done.is_set() and "host load" not in probes:
             time.sleep(0.2)
+            pid = _server_pid(run_dir)
+            try:
+                cfg = json.loads(cfg_file.read_text())
+            except (OSError, ValueError):
+                continue
+            if pid is None:
+                continue
+            base = "http://" + cfg["triton_http_endpoint"]
+            inside = _inside(pid, base, cfg["triton_server_flags"]["http-restricted-api"].rsplit("=", 1)[1])
+            if inside.get("live") != 200:
+                continue
+            probes["inside"] = inside
+            probes["host http"] = _connect(int(cfg["triton_http_endpoint"].rsplit(":", 1)[1]))
+            probes["host grpc"] = _connect(int(cfg["triton_grpc_endpoint"].rsplit(":", 1)[1]))
+            probes["host load"] = _planted_load(base, marker)
+            probes["server still up"] = procs.pid_alive(pid)
 
     watcher = threading.Thread(target=probe, daemon=True)
     watcher.start()
@@ -90,7 +164,8 @@ def profiled(tmp_path_factory):
         data = run_tiny("bench_model_analyzer.py", work, "--run-dir", str(run_dir), "--budget-ms", "1000")
     finally:
         done.set()
-        watcher.join(5)
+        watcher.join(30)
+    probes["planted model ran"] = marker.exists()
     r = data["run"]
     run = analyzer.AnalyzerRun("food_classifier_onnx", Path(r["dir"]), SPACE, 1000, data["seconds"], r["cleaned"],
                                Path(r["log"]), r["shm_prefix"], r["servers"])
@@ -128,11 +203,22 @@ def test_a_profile_fills_the_comparison_from_its_report(profiled):
     assert 0 <= comparison["agreement"] <= 2
 
 
-def test_its_private_server_keeps_shared_memory_keyed_and_the_repository_open_on_loopback(profiled):
+def test_its_private_server_keeps_shared_memory_keyed_and_the_repository_open_in_its_namespace(profiled):
     _, probes = profiled
-    assert probes.get("shm with key") == 200, probes
-    assert probes.get("shm without key") in (400, 401, 403), probes
-    assert probes.get("repository index") in (200, 405), probes   # open: Model Analyzer loads through it
+    inside = probes.get("inside", {})
+    assert inside.get("shm with key") == 200, probes
+    assert inside.get("shm without key") in (400, 401, 403), probes
+    assert inside.get("repository index") in (200, 405), probes   # open: Model Analyzer loads through it
+
+
+def test_its_private_server_cannot_be_reached_from_the_host_namespace(profiled):
+    """Issue 48, finding 2: while the profile runs, another local process (or a web page) that
+    finds the private server's ports gets nothing; its keyless load with a model.py never arrives."""
+    _, probes = profiled
+    assert probes.get("server still up"), probes
+    seen = {k: probes[k] for k in ("host http", "host grpc", "host load", "planted model ran")}
+    assert seen == {"host http": "ConnectionRefusedError", "host grpc": "ConnectionRefusedError",
+                    "host load": 0, "planted model ran": False}   # load 0: no answer at all
 
 
 def test_nothing_is_left_behind(profiled):
@@ -192,3 +278,57 @@ def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     second = analyzer._fresh_dir(base)
     assert first == base.resolve() and second.name == base.name + "-2"
     assert (first / "checkpoints").is_dir() and not any(second.iterdir())
+
+
+@pytest.mark.integration
+def test_the_namespace_has_a_loopback_of_its_own():
+    """What the profile runs in (servelab.triton.netns): a server inside answers on its 127.0.0.1,
+    the same port on the host's is refused, and the user and PIDs are this process's own."""
+    if why := netns.unavailable():
+        pytest.skip(why)
+    inside = ("import os, socket, sys\n"
+              "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+              "socket.create_connection(s.getsockname(), timeout=2).close()\n"
+              "print(s.getsockname()[1], os.getuid(), os.getppid(), os.readlink('/proc/self/ns/net'), flush=True)\n"
+              "sys.stdin.read()\n")
+    proc = subprocess.Popen(netns.command([sys.executable, "-c", inside]), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port, uid, ppid, net = proc.stdout.readline().split()
+        assert int(uid) == os.getuid() and int(ppid) == os.getpid()
+        assert net != os.readlink("/proc/self/ns/net")
+        assert _connect(int(port)) == "ConnectionRefusedError"
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+
+
+def test_the_wrapper_says_why_where_no_namespace_can_be_made():
+    """Where neither kind of unshare is allowed (here: a user namespace that may make no other
+    and has no capabilities; or this machine itself), ``--check`` fails with one line why."""
+    if subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True).returncode:
+        why = netns.unavailable()   # this machine makes none: the real thing
+    else:
+        script = (f"echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv --bounding-set=-all "
+                  f"--inh-caps=-all {sys.executable} -I {netns.__file__} --check")
+        proc = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == netns.FAILED, proc
+        why = proc.stderr.strip()
+    assert why and "\n" not in why and why.startswith("netns: no network namespace of its own: unshare("), why
+
+
+def test_the_profile_refuses_in_one_line_without_a_namespace_unless_told(monkeypatch):
+    monkeypatch.delenv(analyzer.NO_NETNS, raising=False)
+    why = "netns: no network namespace of its own: unshare(CLONE_NEWUSER|CLONE_NEWNET) as uid 1000: No space left"
+    monkeypatch.setattr(analyzer.netns, "unavailable", lambda: why)
+    monkeypatch.setattr(analyzer, "executable", lambda *a: Path("model-analyzer"))
+    monkeypatch.setattr(analyzer, "build_repository", lambda *a, **k: pytest.fail("built before refusing"))
+    with pytest.raises(analyzer.AnalyzerError) as err:
+        analyzer.profile("food_classifier_onnx", SPACE, 1000)
+    message = str(err.value)
+    assert "\n" not in message and why in message and f"{analyzer.NO_NETNS}=1" in message, message
+    assert "docs/SECURITY.md" in message
+    monkeypatch.setenv(analyzer.NO_NETNS, "1")      # the opt-in: run unprotected, nothing probed
+    monkeypatch.setattr(analyzer.netns, "unavailable", lambda: pytest.fail("probed"))
+    assert analyzer.isolation() is False
