@@ -6,13 +6,14 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.servelab-installed
 
-.PHONY: help setup sysdeps models demo test check up down triton site reference notebooks doctor soak fuzz clean kit-archive \
+.PHONY: help setup sysdeps models demo test test-durations check up down triton site reference notebooks doctor soak fuzz clean kit-archive \
 	gpu-pack gpu-check compose-check
 
 help:
 	@echo "make demo   - set up, build models, run the local stack and benchmark tour (README's main command)"
 	@echo "make test   - set up and run the test suite (README's test command; .ci/run calls it)"
 	@echo "make check  - ruff and the fast tier of tests (plain pytest: no servers, a few minutes)"
+	@echo "make test-durations - make test, recording each test's seconds in tests/durations.json (commit it)"
 	@echo "make up / make down - keep the local stack running for the browser UI and Jupyter / stop it"
 	@echo "make models - build food11.pth / food11.onnx;  make site - render the lab as a static site"
 	@echo "make reference - re-run notebooks 4 and 6 and the tour; write the committed docs/reference/"
@@ -71,20 +72,28 @@ check: setup models
 triton: models
 	$(PY) -m servelab triton start
 
-# Two phases (tests/conftest.py): the tests that time nothing on three workers, then the
-# `quiet` ones (they time runs, or judge whether other work spoiled them) alone. Both run;
-# either one failing fails `make test`. Each names its -m, so every tier runs (plain `pytest`: the fast tier).
+# Two phases (tests/schedule.py): the tests that time nothing on three workers, the longest recorded
+# work first (tests/durations.json), then the `quiet` ones (they time runs, or judge whether other
+# work spoiled them) alone. Both run; either one failing fails `make test`. Each names its -m, so
+# every tier runs (plain `pytest`: the fast tier).
 # Three workers even on two cores: phase 1's tests often wait on a server starting, and a third
 # keeps the cores busy (2 idle cores, 2026-11-26: phase 1 580 s on two workers, 509 s on three).
 WORKERS ?= 3
+TESTFLAGS ?=
 test: setup sysdeps models
 	$(BIN)/ruff check .
 	@rc=0; \
 	echo "== phase 1 of 2: tests that time nothing, on $(WORKERS) workers"; \
-	$(PY) -m pytest -q -n $(WORKERS) -m "not quiet" || rc=1; \
+	$(PY) -m pytest -q -n $(WORKERS) -m "not quiet" $(TESTFLAGS) || rc=1; \
 	echo "== phase 2 of 2: tests that time runs (marked quiet), alone"; \
-	$(PY) -m pytest -q -m quiet || rc=1; \
+	$(PY) -m pytest -q -m quiet $(TESTFLAGS) || rc=1; \
 	exit $$rc
+
+# `make test`, writing each test's seconds (setup + call + teardown) into tests/durations.json, which
+# phase 1 schedules from (tests/schedule.py). Commit the file after, when tests were added or their
+# times moved much; a test it lacks still runs, at its tier's default estimate.
+test-durations:
+	$(MAKE) test TESTFLAGS=--record-durations
 
 # The whole lab as a static HTML site (offline), from the notebook sources and the
 # committed reference run in docs/reference/ (nothing is executed).

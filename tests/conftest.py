@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-# The three tiers (fast, integration, e2e): tests/tiers.py.
-pytest_plugins = ("tests.tiers",)
+# The three tiers (fast, integration, e2e): tests/tiers.py. How `make test` runs them (two phases,
+# the first on workers, longest work first, from tests/durations.json): tests/schedule.py.
+pytest_plugins = ("tests.tiers", "tests.schedule")
 
 
 @pytest.fixture(scope="session")
@@ -28,62 +27,9 @@ def sample_paths():
     return found
 
 
-# `make test` runs in two phases: every test not marked ``quiet`` on three workers
-# (pytest-xdist, `-n 3`, the Makefile's WORKERS), then the ``quiet`` ones alone. A quiet test times something or
-# judges whether other work spoiled its runs, so it must not share the machine with another
-# test. Plain `pytest` runs the fast tier (tests/tiers.py) in one process, in order.
-#
-# On the workers a test file stays together, in its order (its module fixtures, such as a
-# running Triton, start once), except the files below, whose tests share nothing and are long.
-SPREAD = {"tests/bench/test_benchmarks_smoke.py"}
-# The longest files go to the workers first (measured 2026-11-26, in this order), so that no worker
-# is left with one of them at the end while the other has nothing to do. In-file order is kept.
-FIRST = ["tests/bench/test_benchmarks_smoke.py", "tests/bench/test_tour.py", "tests/test_gpu_check.py",
-         "tests/triton/test_analyzer.py", "tests/reliability/test_stub_recovery.py",
-         "tests/reliability/test_stack_lifecycle.py", "tests/triton/test_reload.py", "tests/notebooks/test_site.py",
-         "tests/notebooks/test_chameleon_notebooks.py",
-         "tests/images/test_image_envs.py", "tests/test_scale.py",
-         "tests/triton/test_perf.py", "tests/images/test_image_services.py"]
-
-
-def pytest_xdist_make_scheduler(config, log):
-    """The workers' scheduler for `-n N` (xdist's default ``--dist load``): by file, as above."""
-    if config.getvalue("dist") != "load":
-        return None   # a --dist the caller chose
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByFile(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::")[0]
-            return nodeid if module in SPREAD else module
-
-    return ByFile(config, log)
-
-
-# The quiet phase (`-m quiet`) collects only the files that say this (~10 s of collecting
-# every file saved); the other phase, which collects them all, refuses a quiet test elsewhere.
-QUIET_MARK = "pytest.mark.quiet"
-
-
-def pytest_ignore_collect(collection_path, config):
-    if (config.getoption("markexpr") == "quiet" and collection_path.suffix == ".py"
-            and collection_path.name.startswith("test_") and QUIET_MARK not in collection_path.read_text()):
-        return True
-    return None
-
-
 def pytest_collection_modifyitems(config, items):
-    """On a worker, the FIRST files first (above). Tests marked ``cuda`` run only where PyTorch
-    sees a CUDA device (a lent GPU machine: `pytest -m cuda`); elsewhere they are skipped with
-    that reason. A test marked quiet in a file without QUIET_MARK stops the run."""
-    quiet_files = {item.path for item in items if item.get_closest_marker("quiet")}
-    elsewhere = sorted(str(path) for path in quiet_files if QUIET_MARK not in path.read_text())
-    if elsewhere:
-        raise pytest.UsageError(f"quiet tests in files without {QUIET_MARK!r} (the quiet phase skips "
-                                f"those files): {elsewhere}")
-    if os.environ.get("PYTEST_XDIST_WORKER"):   # every worker sorts alike: xdist compares their lists
-        rank = {m: i for i, m in enumerate(FIRST)}
-        items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(FIRST)))
+    """Tests marked ``cuda`` run only where PyTorch sees a CUDA device (a lent GPU machine:
+    `pytest -m cuda`); elsewhere they are skipped with that reason."""
     marked = [item for item in items if item.get_closest_marker("cuda")]
     if not marked:
         return

@@ -23,6 +23,10 @@ import pytest
 from tests import tiers
 from tests.bench import figures
 
+# Each benchmark's run is long and shares nothing with the others: `make test`'s workers take them one by
+# one (tests/schedule.py).
+pytestmark = pytest.mark.spread
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(p.name for p in (REPO / "benchmarks").glob("*.py"))
 
