@@ -116,3 +116,27 @@ def pytest_runtest_protocol(item, nextitem):
         yield
     finally:
         _running.pop()
+
+
+# Each tier's time in this run: the sum of its tests' seconds (setup, call and teardown, as the
+# reports give them; on workers the controller receives them). A sum, not wall time: `make test`
+# runs phase 1 on three workers at once.
+_tier_seconds: dict[str, list[float]] = {}
+
+
+def _report_tier(report) -> str:
+    keywords = getattr(report, "keywords", {}) or {}
+    return next((t for t in reversed(TIERS[1:]) if t in keywords), "fast")
+
+
+def pytest_runtest_logreport(report):
+    entry = _tier_seconds.setdefault(_report_tier(report), [0.0, 0])
+    entry[0] += report.duration
+    entry[1] += report.when == "call" or (report.when == "setup" and report.skipped)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _tier_seconds:
+        terminalreporter.write_sep("-", "tier time: " + ", ".join(
+            f"{t} {_tier_seconds[t][0]:.0f} s over {_tier_seconds[t][1]} tests" for t in TIERS if t in _tier_seconds)
+            + " (sum of test durations)")
