@@ -383,6 +383,9 @@ class Check:
                 self.log("\n".join(line for line in log.splitlines() if line.startswith("==")))
                 if "Triton part ready" not in log:
                     raise CheckFailed("prepare-node.sh stopped:\n" + log[-3000:])
+                sizes = self.sh("docker images --format '{{.Repository}}:{{.Tag}} {{.Size}}' "
+                                "--filter reference='servelab/*'", check=False).stdout.split("\n")
+                self.log("the kit's images: " + "; ".join(sorted(x for x in sizes if x.strip())))
             with self.step("notebook 3's node commands (FastAPI stack)"):
                 for block in self.node_blocks("3_fastapi_setup"):
                     self.run_node_block(block)
