@@ -185,6 +185,10 @@ def _search(model: str, space: Space, budget_ms: float, perf_flags: dict | None,
                     "max_batch_size": sorted({c["max_batch_size"] for c in space.configs()}),
                     "dynamic_batching": {
                         "max_queue_delay_microseconds": sorted({int(d) for d in space.queue_delays_us})},
+                    # No warm-up samples in the variants: the shipped ones go up to batch 16, and Triton
+                    # refuses to load a variant with a smaller max_batch_size ("failed to run warmup
+                    # sample 'batch 2'"); Model Analyzer warms each variant up with perf_analyzer.
+                    "model_warmup": [[]],
                 },
                 "parameters": {"concurrency": [int(c) for c in space.concurrency]},
             },
