@@ -92,6 +92,8 @@ SCALES = {
             "SERVELAB_NB6E_THREADS": "1",
             "SERVELAB_NB6E_PERF_ARGS": "--measurement-mode count_windows --measurement-request-count 2 "
                                        "--stability-percentage 100",
+            "SERVELAB_NB6E_BATCH_ARGS": "--measurement-mode count_windows --measurement-request-count 2 "
+                                        "--stability-percentage 100",
         },
         # 6b: Model Analyzer on its smallest useful space (its default + one variant, 2 concurrencies)
         "6b_model_analyzer": {
