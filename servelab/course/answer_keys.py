@@ -292,6 +292,8 @@ KEYS: list[Key] = [
     # 6c quotes no figure of another system: its keys explain, the run measures.
     Key("6c_scale_out", "one queue vs a queue per replica", ()),
     Key("6c_scale_out", "the rule past saturation", ()),
+    Key("6e_accelerate", "reading the table", (), settings=(1, 16)),
+    Key("6e_accelerate", "the accelerator in Triton", (), settings=(1,)),
 ]
 
 KEYS += [

@@ -94,6 +94,9 @@ _LESSONS = (
     Lesson("6c", "6c_scale_out", "container",
            "Triton replicas behind HAProxy, Prometheus, one queue vs many, the autoscaler's rule", local=True),
     Lesson("6d", "6d_kubernetes", "node", "optional: the same service on k3s, with an autoscaler on queue time"),
+    Lesson("6e", "6e_accelerate", "container",
+           "each request cheaper: torch.compile, ONNX Runtime, OpenVINO, INT8, and Triton's execution accelerators",
+           local=True),
     Lesson("7", "7_delete_resources", "chameleon", "delete the server, release its IP, end the lease"),
 )
 

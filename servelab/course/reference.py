@@ -55,7 +55,8 @@ KEPT_MIME = ("image/png", "text/plain")
 
 # Environment per scale and notebook (the notebooks read these; unset = the lesson's own counts).
 SCALES = {
-    "lesson": {"tour": 1.0, "4_fastapi": {}, "6_triton": {}, "6b_model_analyzer": {}, "6c_scale_out": {}},
+    "lesson": {"tour": 1.0, "4_fastapi": {}, "6_triton": {}, "6b_model_analyzer": {}, "6c_scale_out": {},
+               "6e_accelerate": {}},
     "reduced": {  # the notebook tests run at these sizes (tests/notebooks/test_measurement_notebooks.py)
         "tour": 0.3,
         "4_fastapi": {"SERVELAB_NB_SEQUENTIAL": "20", "SERVELAB_NB_CONCURRENT": "48", "SERVELAB_NB_SWEEP": "32"},
@@ -81,6 +82,18 @@ SCALES = {
         "6a_triton_pipeline": {  # tests/notebooks/test_6a_triton_pipeline.py
             "SERVELAB_NB6A_REQUESTS": "24", "SERVELAB_NB6A_SWEEP_SECONDS": "2", "SERVELAB_NB6A_SWEEP_FACTORS": "0.5,1.0",
             "SERVELAB_NB6A_WARMUP_ROUNDS": "2", "SERVELAB_NB6A_ROLLOUT_SECONDS": "8",
+        },
+        # 6e (tests/notebooks/test_6e_accelerate.py): no torch.compile (its compile alone is ~20-40 s on 2 cores),
+        # 3 rounds of 5 requests after 2 warm-ups, one thread per variant (two threads of eager PyTorch took
+        # 2 s a request beside other work), 32 generated images, perf_analyzer windows of 2 requests, one repeat
+        "6e_accelerate": {
+            "SERVELAB_NB6E_ROUNDS": "3", "SERVELAB_NB6E_PER_ROUND": "5", "SERVELAB_NB6E_GENERATED": "32",
+            "SERVELAB_NB6E_COMPILE": "0", "SERVELAB_NB6E_REPEATS": "1", "SERVELAB_NB6E_WARMUP": "2",
+            "SERVELAB_NB6E_THREADS": "1",
+            "SERVELAB_NB6E_PERF_ARGS": "--measurement-mode count_windows --measurement-request-count 2 "
+                                       "--stability-percentage 100",
+            "SERVELAB_NB6E_BATCH_ARGS": "--measurement-mode count_windows --measurement-request-count 2 "
+                                        "--stability-percentage 100",
         },
         # 6b: Model Analyzer on its smallest useful space (its default + one variant, 2 concurrencies)
         "6b_model_analyzer": {

@@ -10,6 +10,10 @@ and dtypes, ``max_batch_size``, the instance (one ONNX Runtime session per
 instance; Triton starts one stub process per instance) and its device.
 Dynamic batching is Triton's own scheduler: ``execute`` receives the
 requests it grouped and runs them as ONE ``session.run``.
+``optimization { execution_accelerators { ... } }`` is honoured as the real
+backend does, or the load fails naming the accelerator (accelerators.py):
+``cpu_execution_accelerator [ { name: "openvino" } ]`` runs the file on the
+OpenVINO runtime instead of ONNX Runtime.
 Runs on Python 3.8+ (no newer syntax).
 """
 
@@ -23,6 +27,7 @@ import triton_python_backend_utils as pb_utils
 from servelab.serve import (
     threads,  # the kit's thread rule (servelab/ is on the stub's PYTHONPATH)
 )
+from servelab.triton_runner import accelerators  # optimization.execution_accelerators
 
 
 def _instances(config):
@@ -54,6 +59,11 @@ class TritonPythonModel:
         self._open_sessions(args, config, path)
         self._check_names(filename)
         self._warm_up(config)
+        if self.plan.cpu == accelerators.OPENVINO:  # the accelerator that ran, by name, in Triton's log
+            pb_utils.Logger.log_info(
+                "{}: cpu_execution_accelerator openvino (OpenVINO {}), instance {}, sessions with {} thread(s)".format(
+                    self.name, accelerators.openvino_version(), args["model_instance_name"], sorted(self.sessions)))
+            return
         pb_utils.Logger.log_info(
             "{}: onnxruntime {} runner, sessions with {} thread(s), providers {}".format(
                 args["model_instance_name"], ort.__version__, sorted(self.sessions), self.session.get_providers()))
@@ -67,11 +77,28 @@ class TritonPythonModel:
         self.cores = threads.CoreShare(group=self.name)
         shares = sorted({threads.share_of(self.cores.cores, busy) for busy in range(1, _instances(config) + 1)})
         providers = ["CPUExecutionProvider"]
-        if args["model_instance_kind"] == "GPU" and "CUDAExecutionProvider" in ort.get_available_providers():
-            providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"])}))
+        on_gpu = args["model_instance_kind"] == "GPU" and "CUDAExecutionProvider" in ort.get_available_providers()
+        try:  # an accelerator the runner cannot run fails the load, naming it (never ignored)
+            openvino = accelerators.openvino_version() if accelerators.requested(config) else None
+            self.plan = accelerators.plan(config, self.name, on_gpu, openvino, ort.get_available_providers())
+        except accelerators.AcceleratorError as err:
+            raise pb_utils.TritonModelException(str(err))
+        if on_gpu:
+            device = {"device_id": int(args["model_instance_device_id"])}
+            providers.insert(0, ("CUDAExecutionProvider", device))
+            if self.plan.gpu:  # "cuda" with its options, or "tensorrt" in front of CUDA
+                name, options = self.plan.gpu
+                options = dict(options, **device)
+                if name == "CUDAExecutionProvider":
+                    providers[0] = (name, options)
+                else:
+                    providers.insert(0, (name, options))
             shares = [self.cores.cores]
         self.sessions = {}
         for n in shares:
+            if self.plan.cpu == accelerators.OPENVINO:
+                self.sessions[n] = accelerators.OpenVINOSession(path, n)
+                continue
             options = ort.SessionOptions()
             options.intra_op_num_threads = n
             options.inter_op_num_threads = 1
@@ -124,7 +151,8 @@ class TritonPythonModel:
                 session = self.sessions[max([t for t in self.sessions if t <= share] or [min(self.sessions)])]
                 results = session.run([n for n, _ in self.outputs], feeds)
         except Exception as err:  # one failed run fails the requests in it, not the server
-            error = pb_utils.TritonError("onnxruntime failed: {}".format(err))
+            runtime = "OpenVINO" if self.plan.cpu == accelerators.OPENVINO else "onnxruntime"
+            error = pb_utils.TritonError("{} failed: {}".format(runtime, err))
             return [pb_utils.InferenceResponse(error=error) for _ in requests]
 
         responses, start = [], 0
