@@ -158,7 +158,8 @@ def analyzer_config(model: str, run_dir: Path, repo: Path, backends: Path, space
             "exit-timeout-secs": "3",
         },
         "triton_server_environment": _server_environment(),
-        **_search(model, space, budget_ms, perf_flags, kind),
+        **_search(model, space, budget_ms,
+                  NODE_CPU_PERF_FLAGS if perf_flags is None and kind == "KIND_CPU" else perf_flags, kind),
     }
 
 
@@ -206,8 +207,12 @@ NODE_CLONE = "/home/jovyan/serve-system-chi"     # the clone inside the Jupyter 
 NODE_MODELS = "/models"                          # models_staging, bind-mounted read-only
 NODE_RUN_DIR = f"build/model-analyzer/node-{NODE_MODEL}"   # relative to the clone: results land in it
 NODE_CONFIG = paths.REPO_ROOT / "docker" / "analyzer" / f"{NODE_MODEL}.yaml"
-# A Docker host without a GPU (docker-compose-analyzer.cpu.yaml): the same search on KIND_CPU copies.
+# A Docker host without a GPU (docker-compose-analyzer.cpu.yaml): the same search on KIND_CPU copies,
+# measured in 1 s windows (Model Analyzer's default of request-count windows, which it keeps raising
+# at 16 clients, took about 4 minutes per configuration on 2 busy cores: 2026-11-27, the compose check).
 NODE_CONFIG_CPU = NODE_CONFIG.with_suffix(".cpu.yaml")
+NODE_CPU_PERF_FLAGS = {"measurement-mode": "time_windows", "measurement-interval": 1000,
+                       "stability-percentage": 25, "max-trials": 6}
 NODE_PORTS = (8000, 8001, 8002)                  # inside triton_analyzer's own network namespace
 
 
@@ -254,7 +259,8 @@ def node_config(model: str = NODE_MODEL, space: Space = NODE_SPACE, budget_ms: f
         "client_protocol": "grpc",
         "perf_output": True,
         "perf_output_path": f"{run_dir}/perf_analyzer.log",
-        **_search(model, space, budget_ms, perf_flags, kind),
+        **_search(model, space, budget_ms,
+                  NODE_CPU_PERF_FLAGS if perf_flags is None and kind == "KIND_CPU" else perf_flags, kind),
     }
 
 

@@ -139,8 +139,9 @@ def parse_with_model_analyzer(text: str, tmp_path) -> subprocess.CompletedProces
                           env={**env, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=120)
 
 
-def test_model_analyzer_accepts_the_node_config(tmp_path):
-    result = parse_with_model_analyzer(analyzer.NODE_CONFIG.read_text(), tmp_path)
+@pytest.mark.parametrize("config", [analyzer.NODE_CONFIG, analyzer.NODE_CONFIG_CPU], ids=["gpu", "cpu"])
+def test_model_analyzer_accepts_the_node_config(tmp_path, config):
+    result = parse_with_model_analyzer(config.read_text(), tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["remote", "127.0.0.1:8001", "False", analyzer.NODE_MODEL]
 
@@ -158,11 +159,12 @@ def test_docs_name_the_override():
 
 def test_the_cpu_override_searches_kind_cpu_copies_on_the_cpu_repository(tmp_path):
     """A Docker host without a GPU (the compose check): the committed CPU config is what analyzer.py
-    writes, KIND_CPU in place of KIND_GPU and nothing else changed; the override runs it, reads the
+    writes, KIND_CPU in place of KIND_GPU and 1 s windows, nothing else changed; the override runs it, reads the
     KIND_CPU copy of the repository read-only, and reserves no GPU."""
     out = analyzer.write_node_config(tmp_path / "cpu.yaml", kind="KIND_CPU")
     assert analyzer.NODE_CONFIG_CPU.read_text() == out.read_text()
     gpu, cpu = analyzer.node_config(), analyzer.node_config(kind="KIND_CPU")
+    assert cpu.pop("perf_analyzer_flags") == analyzer.NODE_CPU_PERF_FLAGS and gpu.pop("perf_analyzer_flags") == {}
     assert json.dumps(cpu) == json.dumps(gpu).replace('"KIND_GPU"', '"KIND_CPU"') != json.dumps(gpu)
     env_file = tmp_path / ".env"
     env_file.write_text("")
