@@ -16,6 +16,7 @@ trap 'rc=$?; [ $rc -eq 0 ] || echo "== $(date -u +%H:%M:%S) stopped with an erro
 cd ~/serve-system-chi
 python3 -m servelab.node.compose write-env --path docker/.env   # the stacks' secrets (kept if already there)
 
+# the model files: from the trained model notebook 2 downloaded (build/trained/food11.pth), else demo weights
 echo "== $(date -u +%H:%M:%S) models image and model files (notebook 3)"
 docker compose -f ~/serve-system-chi/docker/docker-compose-models.yaml build
 docker compose -f ~/serve-system-chi/docker/docker-compose-models.yaml run --rm models

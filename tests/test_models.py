@@ -103,3 +103,53 @@ def test_cli_build_reports_wrong_weights(tmp_path, capsys):
     junk.write_bytes(b"nope")
     assert main(["models", "build", "--weights", str(junk)]) == 2
     assert "not a PyTorch checkpoint" in capsys.readouterr().err
+
+
+def test_a_pickled_model_that_is_not_mobilenet_v2_is_refused(tmp_path):
+    import torch
+
+    other = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(3, 11))
+    torch.save(other, tmp_path / "other.pth")
+    with pytest.raises(models.WeightsError, match=r"a pickled Sequential, not MobileNetV2"):
+        models.load_trained(str(tmp_path / "other.pth"))
+
+
+def test_the_nodes_build_prefers_trained_weights_else_demo_in_one_line(tmp_path, monkeypatch):
+    """`build --prefer-weights PATH` (the models container's command): PATH when it builds, else the demo weights."""
+    calls, lines = [], []
+
+    def fake_build(weights=None, **kw):
+        calls.append(weights)
+        if weights and "bad" in weights:
+            raise models.WeightsError(f"{weights}: a pickled Sequential, not {models.EXPECTED_HEAD}.")
+        return weights
+
+    monkeypatch.setattr(models, "build", fake_build)
+    assert models.build_preferring(tmp_path / "absent.pth", log=lines.append) is None
+    good, bad = tmp_path / "good.pth", tmp_path / "bad.pth"
+    good.write_bytes(b"x")
+    bad.write_bytes(b"x")
+    assert models.build_preferring(good, log=lines.append) == str(good)
+    assert models.build_preferring(bad, log=lines.append) is None
+    assert calls == [None, str(good), str(bad), None]
+    assert len(lines) == 2
+    assert lines[0].startswith("trained weights: none at ") and lines[0].endswith("building the demo weights")
+    assert lines[1].startswith("trained weights refused (") and "not MobileNetV2" in lines[1]
+
+
+def test_the_nodes_build_of_a_file_that_is_not_the_model_is_demo(tmp_path, built_models):
+    """A real refusal: the file is not a checkpoint; the build goes on with the demo weights (already built)."""
+    junk = tmp_path / "food11.pth"
+    junk.write_bytes(b"not a checkpoint")
+    lines = []
+    res = models.build_preferring(junk, place=False, log=lines.append)
+    assert res.weights_kind == "demo" and res.pth == built_models.pth
+    assert json.loads((paths.MODELS_BUILD_DIR / "build.json").read_text())["weights_kind"] == "demo"
+    assert any(x.startswith("trained weights refused (") and "not a PyTorch checkpoint" in x for x in lines)
+
+
+def test_cli_refuses_both_weights_options(capsys):
+    from servelab.cli import main
+
+    assert main(["models", "build", "--weights", "a.pth", "--prefer-weights", "b.pth"]) == 2
+    assert "not both" in capsys.readouterr().err

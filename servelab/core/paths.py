@@ -14,6 +14,9 @@ SAMPLES_DIR = PACKAGE_DIR / "samples"
 KIT_DIR_ON_NODE = "serve-system-chi"  # the kit's folder in the cc user's home on the GPU node
 BUILD_DIR = REPO_ROOT / "build"
 MODELS_BUILD_DIR = BUILD_DIR / "models"
+# The earlier lab's trained model (its fastapi_pt/food11.pth), once servelab.node.weights has downloaded and
+# checked it (on the node).
+TRAINED_WEIGHTS = BUILD_DIR / "trained" / "food11.pth"
 RESULTS_DIR = REPO_ROOT / "results"
 MODELS_STAGING = REPO_ROOT / "models_staging"
 INPUT_JSON = REPO_ROOT / "input.json"

@@ -58,6 +58,9 @@ EARLIER_LAB_FILES = {
                          "`YY:55`, and all the material read ahead of the lease",
     "docker/Dockerfile.triton": "its Triton image: `COPY models /models`, started with "
                                 "`tritonserver --model-repository=/models`",
+    "fastapi_pt/food11.pth": "its trained Food-11 model (a pickled model, the same git blob as "
+                             "models_staging/food_classifier/1/food11.pth), which the node downloads: "
+                             "servelab.node.weights records the commit and the blob id",
 }
 
 SOURCES = {

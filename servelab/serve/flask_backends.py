@@ -226,6 +226,7 @@ class FastAPIBackend:
             raise BackendFailed(f"The FastAPI server answered HTTP {r.status_code}: "
                                 f"{body.get('message') or r.text[:200]}")
         kind = str(body.get("weights_kind", "unknown"))
+        kind = kind if kind in ("demo", "trained") else "unknown"   # the page says "trained" only for trained weights
         return Result(prediction=str(body["prediction"]), probability=float(body["probability"]),
                       backend=self.name, target=self.target, weights_kind=kind,
                       note=str(body.get("note") or note_for(kind)))

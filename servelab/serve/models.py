@@ -17,7 +17,9 @@ Default weights are *demo* weights: deterministic (fixed seed), untrained,
 but calibrated so that different images get different labels — a plain
 random init gives logits ~1e-9, a flat softmax, and the same label for
 everything. ``--weights`` loads trained Food-11 weights instead (a full
-pickled model or a state_dict, local path or URL).
+pickled model or a state_dict, local path or URL). ``--prefer-weights PATH``
+(the node's build, docker/docker-compose-models.yaml) uses PATH when it is there
+and loads, else the demo weights, with one line saying why.
 """
 
 from __future__ import annotations
@@ -172,13 +174,17 @@ def load_trained(source: str):
     except Exception as err:  # pickle/zip errors come in many types
         raise WeightsError(f"{source}: not a PyTorch checkpoint ({err}).") from None
     if isinstance(obj, torch.nn.Module):
+        import torchvision
+
+        if not isinstance(obj, torchvision.models.MobileNetV2):
+            raise WeightsError(f"{source}: a pickled {type(obj).__name__}, not {EXPECTED_HEAD}.")
         model = obj
     elif isinstance(obj, dict):
         model = _from_state_dict(obj, source)
     else:
         raise WeightsError(f"{source}: expected a pickled model or a state_dict, got {type(obj).__name__}.")
     model.eval()
-    # Whatever the architecture, the output must be 11 logits.
+    # The output must be 11 logits (a MobileNetV2 whose head was replaced with another size is refused here).
     with torch.no_grad():
         try:
             out = model(torch.zeros(1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE))
@@ -356,6 +362,26 @@ def build(weights: str | None = None, out_dir: Path | None = None, force: bool =
                        info["weights_kind"], copied, skipped and not copied)
 
 
+def build_preferring(trained: str | Path, force: bool = False, out_dir: Path | None = None, place: bool = True,
+                     log=print) -> BuildResult:
+    """The node's build (the models container's command): the trained weights in ``trained`` when that file
+    is there and builds (a MobileNetV2 with 11 classes whose ONNX export matches), else the demo weights,
+    with one line saying why. ``servelab.node.weights fetch`` puts the file there only after checking its
+    git blob id."""
+    path = Path(trained)
+    if not path.is_absolute():
+        path = paths.REPO_ROOT / path
+    if not path.is_file():
+        log(f"trained weights: none at {_rel(path)} (notebook 2 downloads them: python3 -m servelab.node.weights "
+            "fetch); building the demo weights")
+        return build(None, out_dir=out_dir, force=force, place=place, log=log)
+    try:
+        return build(str(path), out_dir=out_dir, force=force, place=place, log=log)
+    except Exception as err:  # WeightsError: not the lab's model; anything else: its export or its parity failed
+        log(f"trained weights refused ({err}); building the demo weights")
+        return build(None, out_dir=out_dir, force=force, place=place, log=log)
+
+
 def build_second_version(out_dir: Path | None = None, force: bool = False, place: bool = True,
                          log=print) -> Path:
     """``food11_v2.onnx`` (demo weights, seed ``DEMO_SEED + 1``), placed as
@@ -431,6 +457,9 @@ def add_parser(sub) -> None:
     b = msub.add_parser("build", help="build or reuse the artifacts and place them for each lesson folder")
     b.add_argument("--weights", metavar="PATH_OR_URL",
                    help="trained Food-11 weights: a full pickled model or a state_dict (default: demo weights)")
+    b.add_argument("--prefer-weights", metavar="PATH",
+                   help="trained weights to use if PATH is there and loads as MobileNetV2 with 11 classes; "
+                        "else the demo weights, with one line saying why (the node's build)")
     b.add_argument("--force", action="store_true", help="rebuild even if the artifacts are current")
     b.set_defaults(func=_cmd_build)
     pr = msub.add_parser("predict", help="classify one image through each artifact")
@@ -439,6 +468,12 @@ def add_parser(sub) -> None:
 
 
 def _cmd_build(args) -> int:
+    if args.weights and args.prefer_weights:
+        print("error: give --weights or --prefer-weights, not both", file=sys.stderr)
+        return 2
+    if args.prefer_weights:
+        build_preferring(args.prefer_weights, force=args.force)
+        return 0
     try:
         build(weights=args.weights, force=args.force)
     except WeightsError as err:

@@ -43,7 +43,9 @@ def test_models_service_writes_into_the_bind_mounted_kit(rendered_models):
     assert svc["environment"]["SERVELAB_ROOT"] == "/kit"
     # Files it writes belong to cc (uid 1000 on Chameleon images), not root.
     assert svc["user"] == "1000:1000"
-    assert svc["entrypoint"] == ["python", "-m", "servelab", "models"] and svc["command"] == ["build"]
+    assert svc["entrypoint"] == ["python", "-m", "servelab", "models"]
+    # the trained model notebook 2 fetched (servelab.node.weights), if it is there and loads; else the demo weights
+    assert svc["command"] == ["build", "--prefer-weights", paths.TRAINED_WEIGHTS.relative_to(paths.REPO_ROOT).as_posix()]
     # A one-shot job: nothing published, no GPU, no restart loop, no network.
     assert "ports" not in svc and "deploy" not in svc and "restart" not in svc
     assert svc["network_mode"] == "none"

@@ -22,7 +22,8 @@ releases nothing, SSH only reaches an ACTIVE server's floating IP, a lease
 is prolonged only up to the start of the next reservation of its node
 (``node_reserved_from``, set by a test), or refused. On the
 node (:class:`FakeNode`), commands the lab does not send fail (exit 127),
-``git clone`` works only for URLs a test marked reachable, and uploads,
+``git clone`` works only for URLs a test marked reachable, the trained model's
+download gets the stand-in file a test serves (or fails), and uploads,
 archives and the unpacked kit are real files in a folder beside the state.
 
 Loaded in a notebook kernel by an IPython start-up file the test writes
@@ -107,7 +108,7 @@ class Cloud:
                 # the node: flags for what is installed; files live in node_home
                 "node": {}, "uploads": [], "downloads": [], "unpacked": [],
                 "reachable_repos": [], "failed_deploys": 0, "node_reserved_from": None,
-                "prepared": []}
+                "prepared": [], "trained_weights": None, "weights_fetches": []}
 
     def load(self) -> dict:
         if not self.path.exists():
@@ -137,6 +138,12 @@ class Cloud:
                                 "kwargs": json.loads(json.dumps(kwargs, default=str))})
 
     # Seeding helpers for tests ------------------------------------------------
+
+    def serve_trained_weights(self, path: str | os.PathLike | None, blob: str | None = None) -> None:
+        """What the node downloads as the earlier lab's trained model: the stand-in file ``path``, and the
+        git blob id the test records for it (in place of the real one); ``None``: the download fails."""
+        with self.state() as st:
+            st["trained_weights"] = None if path is None else {"file": str(path), "blob": blob}
 
     def fail_next_deploys(self, count: int = 1) -> None:
         """The next ``count`` servers end their BUILD in ERROR (a failed bare-metal deploy)."""
@@ -933,6 +940,28 @@ class FakeNode:
         self.st["prepared"].append(m["script"])
         return "", "", 0
 
+    def _weights_fetch(self, m):
+        """`python3 -m servelab.node.weights fetch` in the kit's folder: the real module, on the node's own
+        python3 (-S: standard library only). The network is the test's: the stand-in file and its recorded
+        id (``Cloud.serve_trained_weights``), or, by default, a download that fails."""
+        import subprocess
+
+        kit = _node_path(self.home, "~/serve-system-chi")
+        if not (kit / "servelab" / "node" / "weights.py").is_file():
+            return "", "/usr/bin/python3: Error while finding module specification for 'servelab.node.weights' " \
+                       "(ModuleNotFoundError: No module named 'servelab')", 1
+        served = self.st.get("trained_weights")
+        if served:
+            args = ["--url", Path(served["file"]).as_uri(), "--blob", served["blob"]]
+        else:  # no route to the file: urlopen fails as it would offline
+            args = ["--url", (self.home.parent / "unreachable" / "food11.pth").resolve().as_uri()]
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SERVELAB_ROOT")}
+        env["PYTHONDONTWRITEBYTECODE"] = "1"  # the kit's files on the node stay the uploaded ones
+        out = subprocess.run([sys.executable, "-S", "-m", "servelab.node.weights", "fetch", *args], cwd=kit,
+                             env=env, capture_output=True, text=True, timeout=120)
+        self.st["weights_fetches"].append({"served": served, "stdout": out.stdout, "exited": out.returncode})
+        return out.stdout, out.stderr, out.returncode
+
     def _echo_to(self, m):
         target = _node_path(self.home, m["path"])
         if not target.parent.is_dir():
@@ -1175,6 +1204,7 @@ FakeNode.RULES = [(__import__("re").compile(pattern), handler) for pattern, hand
     # notebook 6d: k3s (pinned), GPU support, images, the Secret from docker/.env, the manifests
     (r"cd ~/serve-system-chi", FakeNode._ok),
     (r"python3 -m servelab\.node\.leaseclock", FakeNode._ok),
+    (r"python3 -m servelab\.node\.weights fetch", FakeNode._weights_fetch),
     (r"docker compose -f ~/serve-system-chi/docker/docker-compose-triton\.yaml (down|build)",
      lambda self, m: self._docker_needed() or ("", "", 0)),
     (r"curl -sfL https://get\.k3s\.io \| INSTALL_K3S_VERSION=(?P<version>\S+) K3S_KUBECONFIG_MODE=(?P<mode>\d+) "

@@ -454,6 +454,59 @@ def test_timeline_error_server_then_a_lease_about_to_end(tmp_path):
     assert "server left: False" in notebook_text(nb7)
 
 
+@pytest.mark.e2e   # executes notebooks
+def test_2_trained_weights_on_the_node_three_cases(tmp_path, built_models):
+    """Notebook 2 downloads the trained model on the strict fake node, which serves a stand-in file (a pickled
+    11-class MobileNetV2) with the git blob id this test records for it: a failed download, then an id that is
+    not the file's (the real file's id), then the file's own id. After each, the node's models build (the
+    models container's command, `build --prefer-weights build/trained/food11.pth`) on what was kept."""
+    import torch
+
+    from servelab.serve import models
+
+    site = _make_site(tmp_path)
+    cloud = site["cloud"]
+    cloud.seed_lease(chameleon.lease_name(USER), "ACTIVE")
+    standin = tmp_path / "standin-food11.pth"
+    torch.manual_seed(0)
+    torch.save(models.new_mobilenet_v2().eval(), standin)
+    own_id = subprocess.run(["git", "hash-object", "--no-filters", str(standin)], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    kept = cloud.node_home / chameleon.KIT_DIR / "build" / "trained" / "food11.pth"
+    from servelab.node import weights
+
+    cases = [("the download fails", None, None), ("the id differs", standin, weights.RECORDED_BLOB),
+             ("the id matches", standin, own_id)]
+    kinds = []
+    for case, served, blob in cases:
+        cloud.serve_trained_weights(served, blob)
+        text = notebook_text(_run(site, "2_create_server_nvidia"))
+        (line,) = [x for x in text.splitlines() if x.startswith("trained weights")]
+        build_lines = []
+        out_dir = tmp_path / "trained-build" if kept.exists() else None  # demo: the session's build, current
+        res = models.build_preferring(kept, out_dir=out_dir, place=False, log=build_lines.append)
+        kinds.append(res.weights_kind)
+        print(f"\n--- {case} ---\nnode:   {line}\nmodels: "
+              + next(x for x in build_lines if x.startswith(("trained weights", "built ", "artifacts are"))))
+        if served is None:
+            assert "not downloaded (URLError" in line and line.endswith("the models build uses the demo weights")
+        elif blob != own_id:
+            assert line.startswith(f"trained weights refused: the download's git blob is {own_id[:12]}, not the "
+                                   f"recorded {blob[:12]}") and line.endswith("the models build uses the demo weights")
+        else:
+            assert line.startswith("trained weights: downloaded build/trained/food11.pth") and "as recorded" in line
+            assert kept.read_bytes() == standin.read_bytes()
+        assert kept.exists() == (blob == own_id)
+    assert kinds == ["demo", "demo", "trained"]
+    state = cloud.load()
+    assert [f["exited"] for f in state["weights_fetches"]] == [0, 0, 0]
+    assert [c["command"] for c in state["ssh"] if c["exited"] != 0] == []
+    # the download comes before the background builds start (their models step reads the file)
+    commands = [c["command"] for c in state["ssh"]]
+    assert commands.index(f"cd ~/{chameleon.KIT_DIR} && python3 -m servelab.node.weights fetch") < \
+        next(i for i, c in enumerate(commands) if "prepare-node.sh" in c)
+
+
 def test_the_lease_clock_without_a_lease_passes(tmp_path):
     """Locally (no lease-end.txt) the clock says so and returns None; a bad file is a clear error."""
     from servelab.node import leaseclock
@@ -487,6 +540,9 @@ def test_the_strict_fake_refuses_unknown_commands_and_unreachable_clones(tmp_pat
     node.flags["docker"] = True
     assert node.run(prepare)[2] == 2 and st["prepared"] == []
     assert node.run("echo 2026-11-26T10:55:00Z > ~/serve-system-chi/lease-end.txt")[2] == 2
+    # the trained model's download runs the kit's own module: no kit, no module
+    out, err, code = node.run("cd ~/serve-system-chi && python3 -m servelab.node.weights fetch")
+    assert code == 1 and "No module named 'servelab'" in err and st["weights_fetches"] == []
     assert node.run("echo 2026-11-26T10:55:00Z > ~/lease-end.txt; rm -rf ~")[2] == 127
 
 

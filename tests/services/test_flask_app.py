@@ -371,3 +371,30 @@ def test_public_pages_do_not_show_the_internal_address(client, down_client, onnx
               down_client.get("/")):
         text = r.get_data(as_text=True)
         assert "127.0.0.1:" not in text, text[:400]
+
+
+@pytest.mark.parametrize("reported, shown", [("trained", "trained"), ("demo", "demo"), ("unknown", "unknown"),
+                                             ("TRAINED!", "unknown"), (None, "unknown")])
+def test_the_page_says_trained_only_for_trained_weights(monkeypatch, reported, shown):
+    """The page shows the weights kind the model server reports (from its build stamp), and says "trained"
+    only when that is "trained"."""
+    import requests
+
+    module = load_app(monkeypatch, INFERENCE_BACKEND="fastapi", FASTAPI_SERVER_URL="http://fastapi_server:8000")
+    body = {"prediction": "Bread", "probability": 0.9}
+    if reported is not None:
+        body["weights_kind"] = reported
+
+    class Answer:
+        status_code = 200
+        text = ""
+
+        def json(self):
+            return body
+
+    monkeypatch.setattr(requests, "post", lambda *a, **k: Answer())   # no server: the backend's answer only
+    r = upload(module.app.test_client(), first_jpeg())
+    assert r.status_code == 200
+    html = r.get_data(as_text=True)
+    assert f'<span class="badge {shown}">{shown}</span>' in html
+    assert ('class="badge trained"' in html) == ("trained Food-11 weights" in html) == (shown == "trained")

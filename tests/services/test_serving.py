@@ -166,3 +166,18 @@ def test_onnx_service_sizes_threads_for_the_device_its_session_got(built_models,
     assert (app.service.cores.workers, app.service.cores.cores) == (2, 2)
     assert sorted(app.service.sessions) == [1, 2]
     assert all(s.get_providers() == ["CPUExecutionProvider"] for s in app.service.sessions.values())
+
+
+@pytest.mark.parametrize("kind", ["demo", "trained"])
+def test_responses_say_trained_only_for_a_trained_build(tmp_path, kind):
+    """The stamp `servelab models build` places beside each model file decides what every response says."""
+    from servelab.serve import models
+
+    src, dest = tmp_path / "food11.onnx", tmp_path / "placed" / "food11.onnx"
+    src.write_bytes(b"model")
+    info = {"weights_kind": kind, "sha256": {"food11.onnx": models._sha256(src)}, "built_at": "now",
+            "fingerprint": {"weights": {"kind": kind} if kind == "demo" else {"kind": kind, "source": "x.pth"}}}
+    assert models._place(src, dest, info)
+    fields = serving.model_info(dest).response_fields()
+    assert fields["weights_kind"] == kind
+    assert bool(re.search(r"\btrained\b", fields["note"])) == (kind == "trained")
