@@ -38,7 +38,7 @@ setup: $(STAMP)
 SYSDEPS_BINS := /usr/bin/chromium /usr/bin/chromedriver /usr/sbin/haproxy /usr/bin/prometheus /usr/bin/promtool
 SYSDEPS_PKGS := chromium chromium-driver haproxy prometheus
 # make compose-check adds a Docker engine (Debian's docker.io) and mmdebstrap (the stand-in base images).
-compose-check: SYSDEPS_BINS += /usr/bin/dockerd /usr/bin/mmdebstrap
+compose-check: SYSDEPS_BINS += /usr/sbin/dockerd /usr/bin/mmdebstrap
 compose-check: SYSDEPS_PKGS += docker.io mmdebstrap
 sysdeps:
 	@missing=""; for b in $(SYSDEPS_BINS); do [ -x $$b ] || missing="$$missing $$b"; done; \
