@@ -105,3 +105,12 @@ def shell_env() -> dict[str, str]:
     env = procs.child_env()
     env.pop("LD_LIBRARY_PATH", None)
     return env
+
+
+def logits(server, model: str, batch):
+    """``model``'s output for ``batch`` (float32, NCHW), through ``server``'s HTTP client."""
+    import tritonclient.http as httpclient
+
+    inp = httpclient.InferInput("input", list(batch.shape), "FP32")
+    inp.set_data_from_numpy(batch)
+    return server.http_client().infer(model, [inp]).as_numpy("output")

@@ -15,8 +15,7 @@ from servelab.core import paths
 from servelab.course import lab
 from servelab.triton_runner import accelerators as acc
 from tests.tiers import tier
-
-httpclient = pytest.importorskip("tritonclient.http")
+from tests.triton.conftest import logits
 
 OPENVINO = 'optimization { execution_accelerators { cpu_execution_accelerator : [ { name : "openvino" } ] } }'
 OV_MODEL = "food_classifier_onnx_openvino"
@@ -89,8 +88,7 @@ def test_gpu_accelerators_on_a_gpu_instance_map_to_onnx_runtime_providers():
 def test_openvino_session_answers_as_onnx_runtime(artifacts, reference):
     import onnxruntime as ort
 
-    if acc.openvino_version() is None:
-        pytest.skip(f"OpenVINO is not installed ({acc.OPENVINO_PIN})")
+    assert acc.openvino_version() is not None, f"OpenVINO is pinned in the kit's onnx extra ({acc.OPENVINO_PIN})"
     batch = np.concatenate([reference["inputs"], np.random.default_rng(0).standard_normal(
         (10, 3, 224, 224)).astype(np.float32)])
     session = acc.OpenVINOSession(str(artifacts["onnx"]), threads=1)
@@ -121,8 +119,7 @@ def _variant(source, name: str, block: str) -> None:
 @tier("integration")
 def ov_triton(start_triton, tmp_path_factory, artifacts):
     """Triton on a private repository: the kit's ONNX model and its OpenVINO variant."""
-    if acc.openvino_version() is None:
-        pytest.skip(f"OpenVINO is not installed ({acc.OPENVINO_PIN})")
+    assert acc.openvino_version() is not None, f"OpenVINO is pinned in the kit's onnx extra ({acc.OPENVINO_PIN})"
     source = tmp_path_factory.mktemp("repo") / "models"
     (source / "food_classifier_onnx" / "1").mkdir(parents=True)
     shutil.copy(artifacts["onnx"], source / "food_classifier_onnx" / "1" / "model.onnx")
@@ -131,12 +128,6 @@ def ov_triton(start_triton, tmp_path_factory, artifacts):
     server = start_triton(repo=source, models=["food_classifier_onnx", OV_MODEL])
     yield server
     server.stop()
-
-
-def _logits(server, model, batch):
-    inp = httpclient.InferInput("input", list(batch.shape), "FP32")
-    inp.set_data_from_numpy(batch)
-    return server.http_client().infer(model, [inp]).as_numpy("output")
 
 
 def test_triton_serves_openvino_and_its_log_names_it(ov_triton, reference):
@@ -148,7 +139,7 @@ def test_triton_serves_openvino_and_its_log_names_it(ov_triton, reference):
     assert "food_classifier_onnx_0_0: onnxruntime" in log  # the default model still runs ONNX Runtime
     batch = np.concatenate([reference["inputs"], np.random.default_rng(1).standard_normal(
         (4, 3, 224, 224)).astype(np.float32)])
-    np.testing.assert_allclose(_logits(ov_triton, OV_MODEL, batch), _logits(ov_triton, "food_classifier_onnx", batch),
+    np.testing.assert_allclose(logits(ov_triton, OV_MODEL, batch), logits(ov_triton, "food_classifier_onnx", batch),
                                atol=1e-3, rtol=0)
 
 

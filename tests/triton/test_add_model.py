@@ -13,8 +13,7 @@ import pytest
 
 from servelab.course import lab
 from servelab.triton.control import forget_model
-
-httpclient = pytest.importorskip("tritonclient.http")
+from tests.triton.conftest import logits
 
 MINE = "my_food_classifier_onnx"
 CONFIG = f'''name: "{MINE}"
@@ -37,12 +36,6 @@ def onnx_triton(start_triton, tmp_path_factory, artifacts):
     server.stop()
 
 
-def _logits(server, model, batch):
-    inp = httpclient.InferInput("input", list(batch.shape), "FP32")
-    inp.set_data_from_numpy(batch)
-    return server.http_client().infer(model, [inp]).as_numpy("output")
-
-
 def test_a_folder_built_by_hand_loads_answers_and_leaves(onnx_triton, reference):
     t = onnx_triton
     folder = t.source / MINE
@@ -63,7 +56,7 @@ def test_a_folder_built_by_hand_loads_answers_and_leaves(onnx_triton, reference)
     assert all(MINE in line for line in log.splitlines()), log  # this load's lines, no others
     # the same file answers as the kit's model does
     batch = reference["inputs"][:2]
-    np.testing.assert_allclose(_logits(t, MINE, batch), _logits(t, "food_classifier_onnx", batch), rtol=1e-5,
+    np.testing.assert_allclose(logits(t, MINE, batch), logits(t, "food_classifier_onnx", batch), rtol=1e-5,
                                atol=1e-5)
 
     lab.remove_model(MINE, t.source, t.grpc_url, t.admin_key)
