@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 import warnings
 from pathlib import Path
 
@@ -116,6 +118,30 @@ def test_no_time_left_skips_each_phase_with_its_reason(tmp_path):
     assert len(list(tmp_path.iterdir())) <= runner.MAX_FILES
 
 
+@pytest.mark.integration
+def test_a_run_cut_off_after_a_phase_keeps_what_that_phase_found(tmp_path):
+    """A device call past its own limit kills gpu-check mid-phase: the files written after the
+    phases before it come back (a lent H200, 2026-11-27, lost four finished phases that way)."""
+    env = dict(os.environ, PYTHONPATH=str(paths.REPO_ROOT))
+    env.pop("OUT", None)
+    proc = subprocess.Popen([sys.executable, "-m", "servelab.gpucheck", "--out", str(tmp_path), "--pack",
+                             str(tmp_path / "no-pack"), "--device", "cpu", "--tiny", "--phases", "probe,tour"],
+                            cwd=str(paths.REPO_ROOT), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (tmp_path / "results.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before the kill: nothing was cut off"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert not res["meta"]["complete"]
+    assert [(p["phase"], p["status"]) for p in res["phases"][:1]] == [("probe", "ok")]
+    assert "while the run went on" in (tmp_path / "summary.md").read_text()
+
+
 def test_bad_arguments_are_refused(tmp_path):
     assert _run_check(tmp_path, "--phases", "probe,nonsense", timeout=60).returncode == 2
     assert _run_check(tmp_path, "--budget", "5", timeout=60).returncode == 2
@@ -126,6 +152,16 @@ def test_a_phase_past_its_limit_is_stopped_and_recorded(tmp_path):
     res = runner.run_phase(phase, 1.0, runner.phase_env(None, phase, "cpu"), tmp_path, "cpu", tiny=True)
     assert res["status"] == "timeout" and "ran past its 1 s limit" in res["reason"]
     assert res["seconds"] < 30 and not (tmp_path / "probe.json").exists()
+
+
+def test_a_phase_that_ignores_sigterm_is_killed_after_the_grace_it_was_given():
+    proc = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                             "signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    t0 = time.monotonic()
+    runner._kill_group(proc, grace=1)
+    assert proc.poll() == -signal.SIGKILL and time.monotonic() - t0 < 10
 
 
 def test_usage_counts_only_the_samples_inside_a_run():

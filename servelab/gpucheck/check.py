@@ -42,6 +42,16 @@ def main(out: Path | None = None, pack_dir: Path | None = packmod.DEFAULT_DIR, d
     sampler = runner.Sampler(out / "samples.csv", use_gpu=device != "cpu")
     sampler.start()
     results: list[dict] = []
+
+    def write(final: bool) -> list[str]:
+        """The result files as they stand. Written after every phase too, so a device call cut off
+        by its own limit still brings back what the finished phases measured (2026-11-27: one
+        was cut in the last phase, and the summary, written only at the end, was lost)."""
+        meta = {"device": device, "tiny": tiny, "budget_s": budget, "pack": pack_note, "sampler": sampler.note,
+                "t0": sampler.t0, "elapsed_s": round(time.time() - t_begin, 1), "python": sys.version.split()[0],
+                "argv": sys.argv, "complete": final}
+        return summary.write_all(out, results, meta, runner.read_samples(out / "samples.csv"), work)
+
     try:
         for phase in runner.PHASES:
             if phase.name not in phases:
@@ -57,17 +67,16 @@ def main(out: Path | None = None, pack_dir: Path | None = packmod.DEFAULT_DIR, d
             sampler.phase = phase.name
             print(f"[{phase.name}] started (limit {limit:.0f} s)", flush=True)
             python = pythons.get(phase.pack_dirs)
-            res = runner.run_phase(phase, limit, runner.phase_env(root, phase, device), work, device, tiny, python)
+            res = runner.run_phase(phase, limit, runner.phase_env(root, phase, device), work, device, tiny, python,
+                                   grace=max(2.0, min(30.0, left - limit)))  # a stop within the budget
             sampler.phase = "between"
             results.append(res)
             print(f"[{phase.name}] {res['status']} in {res['seconds']:.0f} s"
                   + (f": {res['reason']}" if res.get("reason") else ""), flush=True)
+            write(final=False)
     finally:
         sampler.stop()
-    meta = {"device": device, "tiny": tiny, "budget_s": budget, "pack": pack_note, "sampler": sampler.note,
-            "t0": sampler.t0, "elapsed_s": round(time.time() - t_begin, 1), "python": sys.version.split()[0],
-            "argv": sys.argv}
-    files = summary.write_all(out, results, meta, runner.read_samples(out / "samples.csv"), work)
+    files = write(final=True)
     print((out / "summary.md").read_text(), flush=True)
     print(f"gpu-check: {len(files)} files in {out}: {', '.join(sorted(files))}", flush=True)
     shutil.rmtree(work, ignore_errors=True)

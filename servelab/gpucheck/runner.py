@@ -270,7 +270,9 @@ def usage(samples: list[dict], t_from: float, t_to: float, t0: float) -> dict:
 # --------------------------------------------------------------------------
 
 def run_phase(phase: Phase, limit: float, env: dict, work: Path, device: str, tiny: bool,
-              python: Path | str | None = None) -> dict:
+              python: Path | str | None = None, grace: float = 30) -> dict:
+    """Run one phase in its own process group under ``limit`` seconds; past it, SIGTERM, ``grace``
+    seconds to unwind, then SIGKILL."""
     cmd = [str(python or sys.executable), "-m", "servelab.gpucheck.phases", phase.name, "--work", str(work), "--device", device]
     if tiny:
         cmd.append("--tiny")
@@ -283,7 +285,7 @@ def run_phase(phase: Phase, limit: float, env: dict, work: Path, device: str, ti
         output, _ = proc.communicate(timeout=limit)
         timed_out = False
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        _kill_group(proc, grace)
         output, _ = proc.communicate()
         timed_out = True
         left = reap(work)
@@ -352,11 +354,13 @@ def _ancestors() -> set[int]:
     return pids
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen, grace: float = 30) -> None:
     import signal
 
-    # SIGTERM unwinds the phase (its servers stop: a Triton stop can take 20 s on a busy host), then SIGKILL.
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 5)):
+    # SIGTERM unwinds the phase (its servers stop: a Triton stop can take 20 s on a busy host), then
+    # SIGKILL. The caller shortens ``grace`` when the run's budget has less left (a phase compiling
+    # with torch.compile ignored SIGTERM for the whole 30 s on a lent H200, 2026-11-27).
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:

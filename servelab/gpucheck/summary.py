@@ -42,6 +42,8 @@ def summary_text(results: list[dict], meta: dict, samples: list[dict]) -> str:
     lines = [
         "# servelab gpu-check" + (" (dry run: --tiny, toy sizes, measures nothing)" if meta.get("tiny") else ""),
         "",
+        *([] if meta.get("complete", True) else
+          ["**Written after a phase, while the run went on: the phases below are those that had finished.**", ""]),
         f"- device asked: `{meta['device']}`; budget {meta['budget_s']:.0f} s; elapsed {meta['elapsed_s']:.0f} s; "
         f"python {meta['python']}",
         f"- pack: {meta['pack']}",
