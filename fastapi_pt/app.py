@@ -48,6 +48,7 @@ app.add_middleware(serving.BodySizeLimit, max_bytes=serving.MAX_BODY_BYTES)  # b
 serving.install_error_handlers(app)      # bad input → JSON 4xx with a readable message
 
 
+# lesson: the request and the response (FastAPI checks every body against PredictRequest)
 class PredictRequest(BaseModel):
     image: str = Field(**serving.IMAGE_FIELD_DOC)   # base64 JPEG/PNG
 
@@ -59,6 +60,7 @@ class PredictResponse(BaseModel):
     model_version: str
     weights_kind: str = Field(description="demo (untrained) or trained")
     note: str
+# lesson: end
 
 
 # A plain `def` endpoint: FastAPI runs it in its worker threadpool, so while
@@ -72,8 +74,10 @@ def predict(request: PredictRequest):
         x = food11.preprocess_base64(request.image)
     batch = torch.from_numpy(x).unsqueeze(0).to(device)        # [1, 3, 224, 224]
 
+    # lesson: the forward pass, the one line that runs the model
     with service.inference():          # waits for a free slot; all cores alone, a share beside others
         logits = model(batch)                                   # [1, 11]
+    # lesson: end
 
     # Softmax turns logits into probabilities that sum to 1 over the classes.
     top = food11.predict_from_logits(logits.cpu().numpy())[0]

@@ -129,9 +129,16 @@ def rollout(url: str, model: str = "food_classifier_onnx", *, rate: float = 20.0
             seed: int = 7) -> dict:
     """Returns ``result`` (the load's bench Result), ``failed``, ``ok``,
     ``per_version`` (client tally), ``stats_per_version`` (Triton's statistics),
-    ``unseen_by_stats`` and ``events`` (what happened when, in seconds)."""
+    ``unseen_by_stats``, ``events`` (what happened when, in seconds), ``seconds`` (how long the load
+    ran: ``seconds`` or six times one reload, the longer) and ``reload_s``."""
     grpc_url = _grpc_url(url, grpc_url)
+    t_reload = time.perf_counter()
     config = set_versions(model, old, grpc_url=grpc_url, admin_key=admin_key)  # the old version alone
+    t_reload = time.perf_counter() - t_reload
+    # Both switches must land inside the load, with time to spare for the new version to serve: on a
+    # machine where a reload is slow (many cores to start sessions on, other work), a fixed short run
+    # would end before version 2 ever answered. So at least 6 reloads' time.
+    seconds = max(seconds, 6 * t_reload)
     target = triton_target(url, model)
     tally = _VersionTally()
     target.check = tally
@@ -141,6 +148,8 @@ def rollout(url: str, model: str = "food_classifier_onnx", *, rate: float = 20.0
 
     def at(label):
         events.append((label, round(time.perf_counter() - t0, 2)))
+
+    at(f"Poisson load starts, for {seconds:.0f} s (a reload took {t_reload:.1f} s just before)")
 
     def switch():
         try:
@@ -167,4 +176,5 @@ def rollout(url: str, model: str = "food_classifier_onnx", *, rate: float = 20.0
     stats_per_version = {v: stats.total[v] for v in (old, new)}
     return {"result": result, "failed": result.error_count, "ok": result.ok, "per_version": per_version,
             "stats_per_version": stats_per_version,
-            "unseen_by_stats": sum(per_version.values()) - sum(stats_per_version.values()), "events": events}
+            "unseen_by_stats": sum(per_version.values()) - sum(stats_per_version.values()), "events": events,
+            "seconds": seconds, "reload_s": t_reload}

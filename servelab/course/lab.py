@@ -165,10 +165,15 @@ def reload_from_files(model: str, grpc_url: str, admin_key: str | None = None) -
     """Ask Triton, through its model-repository API, to load ``model`` again
     from its (edited) config.pbtxt; return the config Triton now reports.
 
-    In the lab's Compose stack Triton reads the mounted repository itself, so
-    one ``load_model`` call does it. The kit's local Triton serves a prepared
-    copy of the repository (GPU groups mapped to CPU, ONNX through a runner):
-    there the copy is refreshed from the edited files first.
+    In the lab's Compose stack Triton reads the mounted repository itself: an
+    ``unload_model`` then a ``load_model`` call. Why the unload: a model last
+    loaded with a config override (notebook 6a's rollout sends its version
+    policies that way) keeps that override through a plain ``load_model``, so
+    the file would not come back; unloading drops it (Triton 2.51, seen in the
+    compose check and in tests/triton/test_reload.py). The model is unavailable
+    between the two calls (a second or so). The kit's local Triton serves a
+    prepared copy of the repository (GPU groups mapped to CPU, ONNX through a
+    runner): there the copy is refreshed from the edited files first.
     """
     host, _, port = grpc_url.rpartition(":")
     if host in ("127.0.0.1", "localhost") and port.isdigit():
@@ -181,6 +186,7 @@ def reload_from_files(model: str, grpc_url: str, admin_key: str | None = None) -
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
         headers = {"triton-grpc-protocol-admin-key": admin_key} if admin_key else None
+        client.unload_model(model, headers=headers)  # drops a config override a plain load would keep
         client.load_model(model, headers=headers)
         return client.get_model_config(model, as_json=True)["config"]
     finally:

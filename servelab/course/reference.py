@@ -248,7 +248,9 @@ def run_notebook(name: str, env: dict[str, str], hooks: dict | None = None, time
 def failed_checks(nb) -> list[str]:
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                      for o in c.get("outputs", []) if o.get("output_type") == "stream")
-    return re.findall(rf"^{re.escape(lab.CHECK_FAIL)}: (.*)$", text, re.M)
+    # each failed check with what was measured (servelab.course.lab.check prints it on the next line)
+    return [what + (f" (measured: {measured})" if measured else "") for what, measured in
+            re.findall(rf"^{re.escape(lab.CHECK_FAIL)}: (.*)$\n?(?:\s+measured: (.*)$)?", text, re.M)]
 
 
 def _counts(nb) -> dict[str, int]:

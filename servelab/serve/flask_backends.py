@@ -347,30 +347,38 @@ def _checked(name: str, datatype: str, array: np.ndarray) -> None:
                             status=500, code="invalid_model_input") from None
 
 
+def lesson_client():
+    """``flask_app/triton_client.py``: the lesson file that holds the Triton calls the page makes (the
+    InferInput / infer code students read). Loaded from its path: the Flask app's folder is not a package."""
+    import importlib.util
+    import sys
+
+    module = sys.modules.get("servelab_flask_triton_client")
+    if module is None:
+        from servelab.core import paths
+
+        spec = importlib.util.spec_from_file_location("servelab_flask_triton_client",
+                                                      paths.REPO_ROOT / "flask_app" / "triton_client.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[spec.name] = module
+    return module
+
+
 class TritonBackend(_TritonBase):
-    """Sends the encoded image; the Python-backend model does the rest."""
+    """Sends the encoded image; the Python-backend model does the rest (flask_app/triton_client.py)."""
 
     name = "triton"
     input_name = TRITON_IMAGE_INPUT
 
-    def _element(self, data: bytes) -> np.ndarray:
-        return np.array([base64.b64encode(data)], dtype=object)          # dims [1], BYTES: base64 text
+    def _payload(self, data: bytes) -> bytes:
+        return base64.b64encode(data)                                      # base64 text
 
     def classify(self, data: bytes, tensor: np.ndarray | None = None) -> Result:
-        import tritonclient.http as httpclient
-
-        element = self._element(data)
-        if self.batched():
-            element = element.reshape(1, 1)                                # [batch=1, 1]
-        _checked(self.input_name, "BYTES", element)
-        inp = httpclient.InferInput(self.input_name, list(element.shape), "BYTES")
-        inp.set_data_from_numpy(element)
-        outputs = [httpclient.InferRequestedOutput(TRITON_LABEL_OUTPUT),
-                   httpclient.InferRequestedOutput(TRITON_PROB_OUTPUT)]
-        res = self._call(lambda c: c.infer(self.model, [inp], outputs=outputs))
-        label = res.as_numpy(TRITON_LABEL_OUTPUT).reshape(-1)[0]
-        label = label.decode("utf-8") if isinstance(label, bytes) else str(label)
-        prob = float(res.as_numpy(TRITON_PROB_OUTPUT).reshape(-1)[0])
+        payload, batched = self._payload(data), self.batched()
+        _checked(self.input_name, "BYTES", np.array([[payload]] if batched else [payload], dtype=object))
+        label, prob = self._call(lambda c: lesson_client().classify_image(c, self.model, payload, self.input_name,
+                                                                          batched))
         kind = self.weights_kind()
         return Result(prediction=label, probability=prob, backend=self.name, target=self.target,
                       weights_kind=kind, note=note_for(kind))
@@ -385,8 +393,8 @@ class TritonPipelineBackend(TritonBackend):
     name = "triton_pipeline"
     input_name = PIPELINE_INPUT
 
-    def _element(self, data: bytes) -> np.ndarray:
-        return np.array([bytes(data)], dtype=object)                      # dims [1], BYTES: the file itself
+    def _payload(self, data: bytes) -> bytes:
+        return bytes(data)                                                 # the file itself
 
     def weights_kind(self) -> str:
         """An ensemble has no weights of its own: its steps' stamps say it."""
@@ -404,25 +412,19 @@ class TritonPipelineBackend(TritonBackend):
 
 
 class TritonOnnxBackend(_TritonBase):
-    """Preprocesses here, sends the float tensor, applies softmax here."""
+    """Preprocesses here, sends the float tensor; Triton ranks and names the classes (label_filename),
+    the softmax of the scores is applied here (flask_app/triton_client.py)."""
 
     name = "triton_onnx"
 
     def classify(self, data: bytes, tensor: np.ndarray | None = None) -> Result:
-        import tritonclient.http as httpclient
-
         x = tensor if tensor is not None else preprocess_upload(data)      # float32 [3, 224, 224]
-        if self.batched():
-            x = x[np.newaxis]                                              # [1, 3, 224, 224]
-        _checked(ONNX_INPUT, "FP32", x)
-        inp = httpclient.InferInput(ONNX_INPUT, list(x.shape), "FP32")
-        inp.set_data_from_numpy(x, binary_data=True)
-        outputs = [httpclient.InferRequestedOutput(ONNX_OUTPUT, binary_data=True)]
-        res = self._call(lambda c: c.infer(self.model, [inp], outputs=outputs))
-        logits = res.as_numpy(ONNX_OUTPUT).reshape(-1, food11.NUM_CLASSES)
-        top = food11.predict_from_logits(logits)[0]                        # softmax → label, probability
+        batched = self.batched()
+        _checked(ONNX_INPUT, "FP32", x[np.newaxis] if batched else x)
+        label, prob = self._call(lambda c: lesson_client().classify_tensor(c, self.model, x, batched,
+                                                                           food11.NUM_CLASSES))
         kind = self.weights_kind()
-        return Result(prediction=top.label, probability=top.probability, backend=self.name,
+        return Result(prediction=label, probability=prob, backend=self.name,
                       target=self.target, weights_kind=kind, note=note_for(kind))
 
 

@@ -96,6 +96,10 @@ def sync_model_files(name: str, source: Path, repo: Path, runner: bool) -> None:
     dst.mkdir(parents=True, exist_ok=True)
     for version in sorted(p for p in src.iterdir() if p.is_dir() and p.name.isdigit()):
         _sync_version(version, dst / version.name, runner)
+    # Files beside config.pbtxt (labels.txt, which label_filename names) are read from the model's folder.
+    for item in src.iterdir():
+        if item.is_file() and item.name != "config.pbtxt":
+            _replace_link(dst / item.name, item.resolve())
     # model_warmup's input_data_file entries are read from <model>/warmup/.
     if (src / WARMUP_DIR).is_dir():
         _replace_link(dst / WARMUP_DIR, (src / WARMUP_DIR).resolve())

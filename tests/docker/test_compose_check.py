@@ -220,3 +220,63 @@ def test_every_service_has_a_memory_limit_and_no_cpu_cap_above_one_core(stack, r
             if "cpus" in svc:
                 assert float(svc["cpus"]) <= 1.0, (stack, name, svc["cpus"])
                 assert name not in ("fastapi_server", "triton_server", "triton_0", "triton_1", "jupyter"), name
+
+
+def test_diagnose_names_the_container_that_restarted_or_was_oom_killed_with_its_log(tmp_path, monkeypatch):
+    """CI saw notebook 6b's gRPC calls refused by triton_server, and nothing in the console said why:
+    the check now prints each lab container that restarted, was OOM-killed or failed, and its log."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    states = {"aaa": "/triton_server running 1 true 0", "bbb": "/jupyter running 0 false 0",
+              "ccc": "/triton_cpu_repository exited 0 false 0", "ddd": "/flask exited 0 false 137"}
+    cases = "\n".join(f'  *{cid}) echo "{state}" ;;' for cid, state in states.items())
+    script = bin_dir / "docker"
+    script.write_text(f"""#!/bin/sh
+case "$1" in
+  ps) [ "$2" = "-aq" ] && echo "{' '.join(states)}" || echo "triton_server jupyter" ;;
+  inspect) case "$*" in
+{cases}
+  esac ;;
+  logs) echo "Killed: the stub of food_classifier_onnx_0 ($4)" ;;
+esac
+""")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    c = check.Check(tmp_path, tmp_path / "log.txt")
+    c.home.mkdir()
+    c.memory = {"triton_server": 11900}
+    text = c.diagnose("after notebook 6b stopped on an error")
+    assert text.splitlines()[0].startswith("after notebook 6b stopped on an error: host: ")
+    assert "triton_server: running, restarts 1, OOM-killed true, exit code 0 (memory peak 11900 MB)" in text
+    assert "flask: exited, restarts 0, OOM-killed false, exit code 137" in text
+    assert "jupyter:" not in text and "triton_cpu_repository:" not in text
+    assert "Killed: the stub of food_classifier_onnx_0 (triton_server)" in text
+    assert "Killed: the stub of food_classifier_onnx_0 (flask)" in text
+
+
+def test_a_notebook_that_stopped_on_an_error_runs_once_more_and_the_first_attempt_is_reported(tmp_path):
+    c = check.Check(tmp_path, tmp_path / "log.txt")
+    calls, waits = [], []
+    outcomes = iter([check.CheckFailed("notebook 6b_model_analyzer: InferenceServerException: refused"),
+                     {"notebook": "6b_model_analyzer"}])
+
+    def attempt(name, **kw):
+        calls.append(name)
+        out = next(outcomes)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    c.notebook_in_jupyter = attempt
+    c.wait_healthy = lambda: waits.append(1)
+    assert c.notebook_with_retry("6b_model_analyzer") == {"notebook": "6b_model_analyzer"}
+    assert calls == ["6b_model_analyzer"] * 2 and waits == [1]
+    assert c.findings == ["notebook 6b_model_analyzer stopped on an error and was run once more: "
+                          "notebook 6b_model_analyzer: InferenceServerException: refused"]
+    # a second error fails the step; a failure that is not the notebook's own error is not retried
+    c.notebook_in_jupyter = lambda name, **kw: (_ for _ in ()).throw(check.CheckFailed(f"notebook {name}: again"))
+    with pytest.raises(check.CheckFailed, match="again"):
+        c.notebook_with_retry("6c_scale_out")
+    c.notebook_in_jupyter = lambda name, **kw: (_ for _ in ()).throw(check.CheckFailed("containers failed"))
+    with pytest.raises(check.CheckFailed, match="containers failed"):
+        c.notebook_with_retry("6a_triton_pipeline")

@@ -114,7 +114,8 @@ def test_4_fastapi_runs_against_the_local_stack(tmp_path, jupyter_image_env):
     passed = _no_failed_check(text)
     assert len(passed) == 7, passed
     # the restored hands-on parts: the service's code read, the web page retested after the swap
-    assert "class PredictRequest(BaseModel):" in text and "the model runs here: logits = model(batch)" in text
+    assert "# the request and the response" in text and "class PredictRequest(BaseModel):" in text
+    assert re.search(r"# the forward pass.*\n.*\n *logits = model\(batch\)", text), text
     assert "the web page still classifies a photo" in text
     # The loops report what the lab asks for, with units, and count failures separately.
     sizes = REDUCED["4_fastapi"]

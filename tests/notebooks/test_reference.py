@@ -298,3 +298,18 @@ def test_pages_workflow_builds_with_make_site_and_publishes_build_site():
     make = (paths.REPO_ROOT / "Makefile").read_text()
     assert re.search(r"^site: .*\n\t\$\(PY\) -m servelab site\n", make, re.M)
     assert site.DEFAULT_OUT == paths.BUILD_DIR / "site"
+
+
+def test_failed_checks_carry_what_was_measured():
+    """A failed check reported from elsewhere (the compose check's summary, all CI shows) says what
+    was measured, not only what the lesson expected."""
+    import nbformat
+
+    from servelab.course import lab
+
+    cell = nbformat.v4.new_code_cell("")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=(
+        f"{lab.CHECK_FAIL}: no request fails\n    measured: 3 failed of 90\n"
+        f"{lab.CHECK_PASS}: it answers\n    measured: 200\n{lab.CHECK_FAIL}: a bare one\n"))]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    assert reference.failed_checks(nb) == ["no request fails (measured: 3 failed of 90)", "a bare one"]

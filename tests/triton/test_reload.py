@@ -134,6 +134,23 @@ def test_an_override_sticks_until_the_files_change(triton):
     assert "dynamic_batching" not in reported  # models_staging has none
 
 
+def test_reload_from_files_on_a_server_it_did_not_start_drops_a_sticky_override(triton, monkeypatch):
+    """The compose check (2026-11-27): after notebook 6a's rollout (version policies sent as
+    overrides), the Jupyter container's reload_from_files, a plain load_model, kept the override:
+    6a's "put the policy back" printed versions [1, 2] and 6b's last check found the model changed."""
+    import servelab.triton as local_triton
+    from servelab.course import lab
+
+    model = "food_classifier_onnx"
+    reload_model(model, {"max_batch_size": 8}, grpc_url=triton.grpc_url, admin_key=triton.admin_key,
+                 via="override", verbose=False)
+    assert triton.model_config(model)["max_batch_size"] == 8
+    # as in the container: a server this process knows nothing about (no local state to re-sync from)
+    monkeypatch.setattr(local_triton, "read_state", lambda **kw: None)
+    reported = lab.reload_from_files(model, triton.grpc_url, triton.admin_key)
+    assert reported["max_batch_size"] == 16 and triton.model_config(model)["max_batch_size"] == 16
+
+
 def test_warm_copies_runs_the_preferred_batch_sizes(triton):
     """The kit's warm-up (lab.warm_copies) sends each batch size the batcher aims for
     (every size on a GPU; on the CPU the preferred ones), as whole client batches."""

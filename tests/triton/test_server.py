@@ -107,6 +107,29 @@ def test_onnx_model_matches_onnxruntime_on_the_artifact(triton, reference, proto
         assert abs(pred.probability - reference["pt"][name].probability) < TOL
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_onnx_model_serves_its_labels_through_the_classification_extension(triton, reference, protocol):
+    """Triton's conventions, as a stock image client expects them (issue 47): the input's layout in the
+    config, and the label names served by Triton (label_filename), top k through the classification
+    extension: each entry "score:index:label", best first."""
+    module = httpclient if protocol == "http" else grpcclient
+    client = triton.http_client() if protocol == "http" else triton.grpc_client()
+    cfg = triton.model_config("food_classifier_onnx")
+    assert cfg["input"][0]["format"] == "FORMAT_NCHW" and cfg["output"][0]["label_filename"] == "labels.txt"
+    result = client.infer("food_classifier_onnx", [_tensor_input(module, reference["inputs"])],
+                          outputs=[module.InferRequestedOutput("output", class_count=3)])
+    top = result.as_numpy("output")
+    assert top.shape == (len(reference["names"]), 3)
+    for row, name in zip(top, reference["names"]):
+        logits = reference["onnx_logits"][name]
+        best = list(np.argsort(-logits)[:3])
+        entries = [x.decode().split(":", 2) for x in row]
+        assert [int(i) for _, i, _ in entries] == best
+        assert [label for _, _, label in entries] == [food11.LABELS[i] for i in best]
+        assert np.allclose([float(score) for score, _, _ in entries], logits[best], atol=TOL)
+        assert entries[0][2] == reference["pt"][name].label  # the same answer as the kit's own client
+
+
 def _error_of(call) -> InferenceServerException:
     with pytest.raises(InferenceServerException) as info:
         call()
