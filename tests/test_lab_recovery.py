@@ -4,6 +4,7 @@ with the swap command; servelab.node.configs restores the model configurations w
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -98,10 +99,33 @@ def test_the_swap_commands_match_the_stack():
 
 
 def test_the_kits_record_of_the_configs_is_the_shipped_configs():
-    """servelab/pristine holds exactly models_staging's config.pbtxt files (update both together)."""
+    """servelab/pristine holds exactly models_staging's config.pbtxt files, and every model_warmup
+    block is the one written from its first entry (python -m servelab.triton.warmupgen writes both)."""
+    from servelab.triton import warmupgen
+
     shipped = sorted(p.parent.name for p in paths.MODELS_STAGING.glob("*/config.pbtxt"))
     assert configs.models() == shipped
-    assert configs.changed(paths.MODELS_STAGING) == [], "copy models_staging/*/config.pbtxt into servelab/pristine"
+    assert configs.changed(paths.MODELS_STAGING) == [], "run: python -m servelab.triton.warmupgen"
+    assert warmupgen.sync(write=False) == [], "run: python -m servelab.triton.warmupgen"
+
+
+def test_warmup_entries_and_pristine_copies_are_written_from_one_source(tmp_path):
+    from servelab.triton import warmupgen
+
+    repo, pristine = tmp_path / "models_staging", tmp_path / "pristine"
+    shutil.copytree(paths.MODELS_STAGING, repo, ignore=shutil.ignore_patterns("[0-9]", "warmup"))
+    cfg = repo / "food_classifier_onnx" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace("max_batch_size: 16", "max_batch_size: 4"))
+    changed = warmupgen.sync(repo, pristine)
+    assert cfg in changed and pristine / "food_classifier_onnx" / "config.pbtxt" in changed
+    sizes = [int(b) for b in re.findall(r'batch_size: (\d+) inputs \{ key: "input"', cfg.read_text())]
+    assert sizes == [1, 2, 3, 4]
+    assert (pristine / "food_classifier_onnx" / "config.pbtxt").read_text() == cfg.read_text()
+    # the other configs only got their pristine copy; a second run finds nothing to do
+    assert all(p.parent.parent == pristine for p in changed if p != cfg)
+    assert warmupgen.sync(repo, pristine) == []
+    with pytest.raises(ValueError, match="first model_warmup entry"):
+        warmupgen.warmup_block("max_batch_size: 2\nmodel_warmup [\n  { name: \"b\" }\n]\n")
 
 
 def test_restore_puts_edited_configs_back_without_git(tmp_path):
