@@ -109,6 +109,7 @@ def _variant(source, name: str, block: str) -> None:
     folder = source / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     shutil.copy(source / "food_classifier_onnx" / "1" / "model.onnx", folder / "1" / "model.onnx")
+    shutil.copy(source / "food_classifier_onnx" / "labels.txt", folder / "labels.txt")  # its label_filename
     text = (source / "food_classifier_onnx" / "config.pbtxt").read_text()
     text = text.replace('name: "food_classifier_onnx"', f'name: "{name}"')
     text = text.replace("kind: KIND_GPU\n    gpus: [ 0 ]", "kind: KIND_CPU")
@@ -123,7 +124,8 @@ def ov_triton(start_triton, tmp_path_factory, artifacts):
     source = tmp_path_factory.mktemp("repo") / "models"
     (source / "food_classifier_onnx" / "1").mkdir(parents=True)
     shutil.copy(artifacts["onnx"], source / "food_classifier_onnx" / "1" / "model.onnx")
-    shutil.copy(paths.MODELS_STAGING / "food_classifier_onnx" / "config.pbtxt", source / "food_classifier_onnx")
+    for name in ("config.pbtxt", "labels.txt"):
+        shutil.copy(paths.MODELS_STAGING / "food_classifier_onnx" / name, source / "food_classifier_onnx")
     _variant(source, OV_MODEL, OPENVINO)
     server = start_triton(repo=source, models=["food_classifier_onnx", OV_MODEL])
     yield server
