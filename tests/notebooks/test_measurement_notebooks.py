@@ -115,7 +115,10 @@ def test_4_fastapi_runs_against_the_local_stack(tmp_path, jupyter_image_env):
     assert len(passed) == 7, passed
     # the restored hands-on parts: the service's code read, the web page retested after the swap
     assert "# the request and the response" in text and "class PredictRequest(BaseModel):" in text
-    assert re.search(r"# the forward pass.*\n.*\n *logits = model\(batch\)", text), text
+    # each marked region under its own title (a greedy title once swallowed both regions)
+    assert re.search(r"^# the forward pass[^\n]*\nwith service\.inference\(\):[^\n]*\n *logits = model\(batch\)",
+                     text, re.M), text
+    assert "# lesson:" not in text.split("# the request and the response", 1)[1].split("# the forward pass")[0]
     assert "the web page still classifies a photo" in text
     # The loops report what the lab asks for, with units, and count failures separately.
     sizes = REDUCED["4_fastapi"]
@@ -239,7 +242,8 @@ def test_6_triton_runs_against_a_local_triton(tmp_path, jupyter_sdk_image_env):
     anatomy = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert 'print(config_path("food_classifier").read_text())' in anatomy
     assert 'backend: "python"' in text and 'backend: "onnxruntime"' in text
-    assert "def execute(self, requests):" in text and "def classify(self, data" in text
+    assert "def execute(self, requests):" in text and "def classify_image(client, model, payload" in text
+    assert 'class_count=classes' in text  # the lesson file the page runs, shown whole
     assert {p: p.read_text() for p in (REPO_ROOT / "models_staging").glob("*/config.pbtxt")} == staged
     for cfg in final.values():
         assert [g.get("count") for g in cfg["instance_group"]] == [1] and "dynamic_batching" not in cfg
