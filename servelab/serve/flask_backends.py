@@ -57,10 +57,7 @@ BACKENDS = ("fastapi", "triton", "triton_onnx", "triton_pipeline")
 # Names of the Triton models' tensors (see models_staging/*/config.pbtxt).
 TRITON_IMAGE_INPUT = "INPUT_IMAGE"
 PIPELINE_INPUT = "IMAGE_BYTES"   # food_pipeline: the encoded image's own bytes
-TRITON_LABEL_OUTPUT = "FOOD_LABEL"
-TRITON_PROB_OUTPUT = "PROBABILITY"
 ONNX_INPUT = "input"
-ONNX_OUTPUT = "output"
 
 UNKNOWN_WEIGHTS_NOTE = ("the model server does not report whether its weights are trained; "
                         "`make models` without --weights builds untrained demo weights")

@@ -18,8 +18,8 @@ import re
 from pathlib import Path
 
 from servelab.core import paths
+from servelab.node.configs import PRISTINE
 
-PRISTINE = paths.PACKAGE_DIR / "pristine" / "models_staging"
 BLOCK = re.compile(r"^model_warmup \[\n(.*?)\n\]", re.M | re.S)
 FIRST = re.compile(r'^ *\{ name: "batch 1" batch_size: 1 (inputs .*) \},?$')
 MAX_BATCH = re.compile(r"^max_batch_size: *(\d+)", re.M)
