@@ -93,10 +93,15 @@ class StubWatch:
                 else:
                     self.zombies.add(pid)
                 continue
+            if info is not None and info[1] == server_pid:
+                # Still dying: a killed process drops its memory (so its argv reads
+                # empty and it is no stub to stub_processes) before it becomes a
+                # zombie; on a busy machine that took up to 0.9 s here. Look again.
+                continue
             self.zombies.discard(pid)
             del self.known[pid]
-            if info is None:
-                self.gone.setdefault(stub.model, time.monotonic())
+            # Gone, or reaped and its PID already reused by another process.
+            self.gone.setdefault(stub.model, time.monotonic())
         self.known.update(live)
         for model, since in list(self.gone.items()):
             if time.monotonic() - since < GONE_GRACE_S:
