@@ -46,6 +46,7 @@ from servelab.triton.process import (
 from servelab.triton.repository import build_repository, prepare_backends
 from servelab.triton.state import read_state, state_path
 from servelab.triton.state import write_state as write_state_file
+from servelab.triton.trace import server_args as trace_server_args
 
 
 @dataclass(eq=False)
@@ -333,7 +334,8 @@ def start(repo: str | os.PathLike | None = None, *, models: Sequence[str] | None
     log_path = workdir / "tritonserver.log"
     cmd = _command(binary, runtime_repo, backends, names, host=host, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, admin_key=admin_key, exit_timeout=exit_timeout,
-                   log_verbose=log_verbose, shm_prefix=shm_prefix, gpus=gpus, extra_args=extra_args,
+                   log_verbose=log_verbose, shm_prefix=shm_prefix, gpus=gpus,
+                   extra_args=[*trace_server_args(workdir), *extra_args],   # traces: off until asked (servelab.triton.trace)
                    poll_secs=poll_secs)
     server = TritonServer(
         proc=_spawn(cmd, binary, workdir, log_path), host=host, http_port=http_port, grpc_port=grpc_port,
