@@ -1,6 +1,5 @@
-"""servelab.triton.trace and servelab.bench.breakdown without a server: Triton's trace file
-as 2.51 writes it (entries per stamp, no closing bracket until shutdown), the timeline's
-chain and the sum check. tests/triton/test_trace.py runs them against tritonserver."""
+"""servelab.triton.trace and servelab.bench.breakdown without a server: Triton's trace files
+as 2.51 writes them (an entry per stamp, numbered files), the timeline's chain and the sum check. tests/triton/test_trace.py runs them against tritonserver."""
 
 from __future__ import annotations
 
@@ -26,19 +25,35 @@ SINGLE = {"HTTP_RECV_START": 1 * MS, "HTTP_RECV_END": 2 * MS, "REQUEST_START": 4
           "HTTP_SEND_END": 20 * MS + MS // 2}
 
 
-def test_the_file_is_read_without_its_closing_bracket(tmp_path):
+def test_the_numbered_files_are_read_and_a_child_keeps_its_own_files_parent(tmp_path):
     path = tmp_path / "trace.json"
-    path.write_text(json.dumps(_entries(1, "m", SINGLE, "r-1"))[:-1])   # as Triton leaves it open
+    path.write_text("[]")   # the configured file itself: not read (Triton writes numbered ones)
+    (tmp_path / "trace.json.0").write_text(json.dumps(_entries(1, "m", SINGLE, "r-1")))
+    # a later flush: trace ids are per server, so the same id in another file is another trace
+    (tmp_path / "trace.json.1").write_text(json.dumps(_entries(1, "ens", SINGLE, "r-2")
+                                                      + _entries(2, "step", SINGLE, parent=1)))
     traces = trace.read(path)
-    assert traces[1]["model"] == "m" and traces[1]["request_id"] == "r-1"
-    assert traces[1]["ns"]["COMPUTE_INPUT_END"] == 8 * MS
-    path.write_text(json.dumps(_entries(1, "m", SINGLE, "r-1"))[:-30])   # cut mid-entry: still being written
+    assert traces[("trace.json.0", 1)]["request_id"] == "r-1"
+    assert traces[("trace.json.0", 1)]["ns"]["COMPUTE_INPUT_END"] == 8 * MS
+    assert traces[("trace.json.1", 2)]["parent"] == ("trace.json.1", 1)
+    lines = trace.timelines(traces, {"r-1": (0, 21 * MS), "r-2": (0, 21 * MS)})
+    assert {m for s, m, _ms in lines["r-2"] if s == "queue"} == {"step"}
+    assert {m for s, m, _ms in lines["r-1"] if s == "queue"} == {"m"}
+    (tmp_path / "trace.json.2").write_text(json.dumps(_entries(1, "m", SINGLE, "r-3"))[:-30])   # being written
     with pytest.raises(ValueError):
         trace.read(path)
 
 
+def test_a_new_server_starts_with_no_old_trace_files(tmp_path):
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "trace.json.0").write_text("[]")
+    args = trace.server_args(tmp_path)
+    assert args == [f"--trace-config=triton,file={tmp_path / 'traces' / 'trace.json'}", "--trace-config=level=OFF"]
+    assert list((tmp_path / "traces").iterdir()) == []
+
+
 def test_a_single_models_stages_add_up_to_the_clients_time():
-    traces = {1: {"model": "m", "request_id": "r-1", "parent_id": None, "ns": SINGLE}}
+    traces = {("f", 1): {"model": "m", "request_id": "r-1", "parent": None, "ns": SINGLE}}
     line = trace.timelines(traces, {"r-1": (0, 21 * MS), "r-2": (0, 5 * MS)})["r-1"]   # r-2 was not traced
     assert [(s, ms) for s, _m, ms in line] == [
         ("client to server", 1.0), ("receive", 1.0), ("parse", 2.0), ("queue", 3.0), ("compute input", 1.0),
@@ -53,8 +68,8 @@ def test_an_ensemble_has_a_queue_and_compute_per_step_and_no_negative_handoff():
          "COMPUTE_OUTPUT_START": 10 * MS, "COMPUTE_END": 13 * MS}        # ends after b started
     b = {"REQUEST_START": 12 * MS, "COMPUTE_START": 14 * MS, "COMPUTE_INPUT_END": 15 * MS,
          "COMPUTE_OUTPUT_START": 25 * MS, "COMPUTE_END": 27 * MS}
-    traces = {1: {"model": "ens", "request_id": "r", "parent_id": None, "ns": top},
-              3: {"model": "b", "parent_id": 1, "ns": b}, 2: {"model": "a", "parent_id": 1, "ns": a}}
+    traces = {("f", 1): {"model": "ens", "request_id": "r", "parent": None, "ns": top},
+              ("f", 3): {"model": "b", "parent": ("f", 1), "ns": b}, ("f", 2): {"model": "a", "parent": ("f", 1), "ns": a}}
     line = trace.timelines(traces, {"r": (0, 32 * MS)})["r"]
     assert [(s, m) for s, m, _ms in line if s == "queue"] == [("queue", "a"), ("queue", "b")]
     assert all(ms >= 0 for *_x, ms in line), line

@@ -173,10 +173,9 @@ def table(summaries: list[dict], key: str = "p50") -> str:
     return "\n".join(rows)
 
 
-def plot(summaries: list[dict], path: Path) -> Path:
-    """A stacked bar per model and concurrency: each stage's p50."""
-    import matplotlib
-    matplotlib.use("Agg")
+def plot(summaries: list[dict], path: Path | None = None) -> Path | None:
+    """A stacked bar per model and concurrency: each stage's p50, and the client's p50 as a mark.
+    Saved to ``path``, or shown (a notebook's inline figure)."""
     import matplotlib.pyplot as plt
 
     done = [x for x in summaries if "client_p50" in x]
@@ -191,7 +190,11 @@ def plot(summaries: list[dict], path: Path) -> Path:
     ax.scatter(labels, [x["client_p50"] for x in done], marker="_", s=900, color="black", label="client p50", zorder=3)
     ax.set_ylabel("ms (p50 of each stage)")
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    ax.set_title("Where a request's time goes (Triton's traces and the client's clock)", fontsize=10)
     fig.tight_layout()
+    if path is None:
+        plt.show()
+        return None
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -241,6 +244,8 @@ def main(argv=None) -> int:
             a.json.parent.mkdir(parents=True, exist_ok=True)
             a.json.write_text(json.dumps(summaries, indent=1))
         if a.plot:
+            import matplotlib
+            matplotlib.use("Agg")
             print(f"plot: {plot(summaries, a.plot)}")
         return 0 if all(checks) else 1
     finally:

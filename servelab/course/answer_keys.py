@@ -115,6 +115,13 @@ SOURCES = {
         "issue 32 of this kit (its spike, 2026-11-26): Model Analyzer 1.58.0's summary for food_classifier_onnx",
         "3 instance configurations x concurrency 1 and 2, local launch mode against the kit's tritonserver 2.51",
     ),
+    "kit-cpu-traces": Source(
+        "this kit (ServeLab)", "CPU reference: the 2-core x86 machine the kit is tested on, no GPU, idle",
+        "`python -m servelab.bench.breakdown --requests 200` against the local Triton 2.51, 2026-11-27; the "
+        "run is kept in docs/benchmark-runs/2026-11-27-breakdown.txt",
+        "models_staging as shipped (one copy each, no dynamic batching); Triton's TIMESTAMPS traces of every "
+        "request and the client's monotonic clock, p50 of each stage over 200 requests",
+    ),
     "derived": Source("arithmetic on the figures above", "-", "the formula given with the figure", "-"),
 }
 
@@ -255,6 +262,19 @@ _FIGURES += [
          "rollout_v1 - rollout_stats_v1"),
 ]
 
+_FIGURES += [
+    _fig("trace_py_c1_infer_ms", 34.8, "ms", "food_classifier, 1 client: compute infer p50 (34.77)", "kit-cpu-traces"),
+    _fig("trace_py_c1_client_ms", 35.7, "ms", "food_classifier, 1 client: the client's p50 (35.67)", "kit-cpu-traces"),
+    _fig("trace_py_c8_client_ms", 320.4, "ms", "food_classifier, 8 clients: the client's p50 (320.35)", "kit-cpu-traces"),
+    _fig("trace_py_c8_queue_ms", 279.2, "ms", "food_classifier, 8 clients: queue p50 (279.19)", "kit-cpu-traces"),
+    _fig("trace_onnx_c1_client_ms", 6.8, "ms", "food_classifier_onnx, 1 client: the client's p50 (6.83)",
+         "kit-cpu-traces"),
+    _fig("trace_onnx_c1_receive_ms", 0.4, "ms", "food_classifier_onnx, 1 client: receive p50 (0.43)", "kit-cpu-traces"),
+    _fig("trace_pipe_c8_onnx_queue_ms", 68.9, "ms", "food_pipeline, 8 clients: the classifier step's queue p50 (68.89)",
+         "kit-cpu-traces"),
+    _fig("trace_pipe_c8_pre_queue_ms", 0.1, "ms", "food_pipeline, 8 clients: the preprocessing step's queue p50 (0.06)",
+         "kit-cpu-traces"),
+]
 _FIGURES.append(_fig("ma_spike_default_ips", 203, "infer/s", "Model Analyzer's default configuration of "
                      "food_classifier_onnx, as its summary reported it (\"about 203 infer/s\")", "kit-ma-spike"))
 FIGURES: dict[str, Figure] = {f.name: f for f in _FIGURES}
@@ -292,6 +312,11 @@ KEYS: list[Key] = [
     Key("6_triton", "dynamic batching, steady and bursty arrivals",
         ("onnx_c1_compute_ms", "onnx_db_rate"),
         settings=(2, 0.5, 1.0, 1, 16)),
+    Key("6_triton", "where each request's time goes",
+        ("trace_py_c1_infer_ms", "trace_py_c1_client_ms", "trace_py_c8_client_ms", "trace_py_c8_queue_ms",
+         "trace_onnx_c1_client_ms", "trace_onnx_c1_receive_ms", "trace_pipe_c8_onnx_queue_ms",
+         "trace_pipe_c8_pre_queue_ms"),
+        settings=(2, 200, 1, 8, 3, 224)),
     # 6c quotes no figure of another system: its keys explain, the run measures.
     Key("6c_scale_out", "one queue vs a queue per replica", ()),
     Key("6c_scale_out", "the rule past saturation", ()),

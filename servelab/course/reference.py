@@ -74,6 +74,7 @@ SCALES = {
             # the load sweep at reduced size: three points, short runs
             "SERVELAB_NB_SWEEP_SECONDS": "2", "SERVELAB_NB_SWEEP_FACTORS": "0.5,1.0,2.0",
             "SERVELAB_NB_BATCH_REQUESTS": "4",
+            "SERVELAB_NB_TRACE_REQUESTS": "24",   # the traced requests per model and concurrency
         },
         # 6c (tests/notebooks/test_6c_scale_out.py): one load, a three-step ramp, short runs
         "6c_scale_out": {"SERVELAB_NB_SCALE_SECONDS": "4", "SERVELAB_NB_SCALE_RHOS": "0.6",

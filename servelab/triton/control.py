@@ -113,6 +113,12 @@ def _target(server: LocalServer | None, grpc_url, admin_key, repo, source, gpus)
     return target
 
 
+def admin_key(grpc_url: str | None = None) -> str | None:
+    """The admin key of the Triton at ``grpc_url``: ``$TRITON_ADMIN_KEY`` (the Compose stack sets it in
+    the Jupyter container), or the state file of a local server the kit started."""
+    return _target(None, grpc_url, None, None, None, None).admin_key
+
+
 def _apply_via(target: _Target, via: str) -> None:
     if via == "override":
         target.repo = None

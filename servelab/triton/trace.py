@@ -6,12 +6,13 @@ file over the network ("trace file location can not be updated through network
 protocol"); the level, rate and count change through the trace API, which the kit keeps
 behind the admin key (``servelab.triton.server.RESTRICTED_APIS``).
 
-``Tracing(url, admin_key)`` turns TIMESTAMPS on for every request; leaving it turns
-tracing OFF, and that change makes Triton write what it collected to the file (checked on
-tritonserver 2.51: with ``log_frequency`` 0 nothing is written before a settings update or
-the shutdown; the file stays open and later updates append to it). ``read(path)`` merges
-the file's entries per trace id; trace ids restart with each server, request ids do not
-(each run uses its own).
+``Tracing(url, admin_key)`` turns TIMESTAMPS on for every request, with a ``log_frequency``
+larger than any run: Triton holds the traces and writes them when tracing is turned OFF, to a
+new numbered file beside the configured one (``trace.json.0``, ``.1``, ...), whole and closed.
+(Checked on tritonserver 2.51. With ``log_frequency`` 0 it writes into ``trace.json`` itself
+through a buffered stream that stays open until shutdown: after the update the file held
+none, or part, of what was traced.) ``read(dir)`` merges the numbered files' entries per
+trace id; trace ids restart with each server, request ids do not (each run uses its own).
 
 A request's timeline is a chain of instants, each later than the one before; the stages
 are the differences, so they add up to the client's own time for that request:
@@ -43,6 +44,7 @@ from servelab.triton.install import HTTP_ADMIN_HEADER
 
 TRACE_DIR = "traces"          # under a local server's workdir
 TRACE_FILE = "trace.json"
+HOLD_ALL = "1000000"          # log_frequency: more traces than any run sends (written at OFF)
 STAGES = ("client to server", "receive", "parse", "queue", "compute input", "compute infer",
           "compute output", "handoff", "send", "server to client")
 
@@ -52,8 +54,11 @@ class TraceError(RuntimeError):
 
 
 def server_args(workdir: Path) -> list[str]:
-    """tritonserver flags: traces to ``<workdir>/traces/trace.json``, tracing off until asked."""
+    """tritonserver flags: traces to ``<workdir>/traces/trace.json``, tracing off until asked. A
+    new server numbers its files from 0 again: an earlier server's files there are removed."""
     (workdir / TRACE_DIR).mkdir(parents=True, exist_ok=True)
+    for old in (workdir / TRACE_DIR).glob(TRACE_FILE + "*"):
+        old.unlink(missing_ok=True)
     return [f"--trace-config=triton,file={workdir / TRACE_DIR / TRACE_FILE}", "--trace-config=level=OFF"]
 
 
@@ -87,13 +92,13 @@ class Tracing:
         if not self.path.parent.is_dir():
             raise TraceError(f"{self.path}: not on this machine (read traces where Triton runs)")
         settings(self.url, self.admin_key, {"trace_level": ["TIMESTAMPS"], "trace_rate": "1",
-                                            "trace_count": "-1", "log_frequency": "0"})
+                                            "trace_count": "-1", "log_frequency": HOLD_ALL})
         return self
 
     def __exit__(self, *exc) -> None:
         settings(self.url, self.admin_key, {"trace_level": ["OFF"]})   # Triton writes what it holds now
 
-    def collect(self, request_ids: set[str], wait_s: float = 30.0) -> dict[int, dict]:
+    def collect(self, request_ids: set[str], wait_s: float = 30.0) -> dict:
         """The traces of ``request_ids`` (and their children), once the file holds them all
         (or ``wait_s`` has passed: then what it holds)."""
         deadline, found = time.monotonic() + wait_s, {}
@@ -102,28 +107,28 @@ class Tracing:
                 traces = read(self.path)
             except (OSError, ValueError):
                 traces = {}
-            mine = {tid for tid, t in traces.items() if t.get("request_id") in request_ids}
-            found = {tid: t for tid, t in traces.items() if tid in mine or t.get("parent_id") in mine}
+            mine = {key for key, t in traces.items() if t.get("request_id") in request_ids}
+            found = {key: t for key, t in traces.items() if key in mine or t.get("parent") in mine}
             if len(mine) >= len(request_ids) or time.monotonic() > deadline:
                 return found
             time.sleep(0.1)
 
 
-def read(path: Path) -> dict[int, dict]:
-    """{trace id: {"model", "version", "request_id", "parent_id", "ns": {stamp name: ns}}}.
-    Triton keeps the file open and appends at each settings update; it writes the closing
-    bracket only when it closes the file (at shutdown), so one is added here."""
-    text = Path(path).read_text().rstrip()
-    entries = json.loads(text if text.endswith("]") else text + "]")
-    traces: dict[int, dict] = defaultdict(lambda: {"ns": {}})
-    for e in entries:
-        t = traces[e["id"]]
-        if "model_name" in e:
-            t.update(model=e["model_name"], version=e.get("model_version"),
-                     request_id=e.get("request_id", ""), parent_id=e.get("parent_id"))
-        for stamp in e.get("timestamps", ()):
-            t["ns"][stamp["name"]] = stamp["ns"]
-    return dict(traces)
+def read(path: Path) -> dict[tuple[str, int], dict]:
+    """{(file name, trace id): {"model", "version", "request_id", "parent", "ns": {stamp: ns}}} from
+    every numbered file beside ``path`` (``trace.json.0``, ...: each a whole JSON array). A child
+    trace's ``parent`` is its parent's key (Triton writes a request's traces into one file)."""
+    path = Path(path)
+    traces: dict[tuple[str, int], dict] = {}
+    for f in sorted(path.parent.glob(path.name + ".*")):
+        for e in json.loads(f.read_text()):
+            t = traces.setdefault((f.name, e["id"]), {"ns": {}, "parent": None})
+            if "model_name" in e:
+                t.update(model=e["model_name"], version=e.get("model_version"), request_id=e.get("request_id", ""),
+                         parent=(f.name, e["parent_id"]) if e.get("parent_id") is not None else None)
+            for stamp in e.get("timestamps", ()):
+                t["ns"][stamp["name"]] = stamp["ns"]
+    return traces
 
 
 def _protocol_stamps(ns: dict) -> tuple[str, str, str]:
@@ -161,16 +166,16 @@ def timeline(trace: dict, children: list[dict], sent_ns: int, received_ns: int) 
     return [(stage, model, (chain[i + 1][2] - t) / 1e6) for i, (stage, model, t) in enumerate(chain[:-1])]
 
 
-def timelines(traces: dict[int, dict], sent: dict[str, tuple[int, int]]) -> dict[str, list[tuple[str, str, float]]]:
+def timelines(traces: dict, sent: dict[str, tuple[int, int]]) -> dict[str, list[tuple[str, str, float]]]:
     """Each client request's timeline, by request id: ``sent`` maps the id the client put in
     the request to its (send, receive) monotonic ns. Ids Triton did not trace are left out."""
-    kids: dict[int, list[dict]] = defaultdict(list)
+    kids: dict = defaultdict(list)
     for t in traces.values():
-        if t.get("parent_id") is not None:
-            kids[t["parent_id"]].append(t)
+        if t.get("parent") is not None:
+            kids[t["parent"]].append(t)
     out = {}
-    for tid, t in traces.items():
+    for key, t in traces.items():
         rid = t.get("request_id")
-        if t.get("parent_id") is None and rid in sent:
-            out[rid] = timeline(t, kids.get(tid, []), *sent[rid])
+        if t.get("parent") is None and rid in sent:
+            out[rid] = timeline(t, kids.get(key, []), *sent[rid])
     return out

@@ -163,7 +163,7 @@ def test_6_triton_runs_against_a_local_triton(tmp_path, jupyter_sdk_image_env):
     """The real Triton 2.51 (servelab.triton, as `servelab up` runs it) and the real
     perf_analyzer. The notebook edits config.pbtxt files, so Triton serves a private copy
     of models_staging/ here: the repository's own files are never touched by the test.
-    Over 120 s (172 to 182 s idle): the whole lesson at the reduced scale, 19 checks that each rest
+    Over 120 s (172 to 182 s idle): the whole lesson at the reduced scale, 21 checks that each rest
     on runs of their own, with model reloads between the parts."""
     from servelab import triton
     from servelab.core import procs
@@ -204,7 +204,7 @@ def test_6_triton_runs_against_a_local_triton(tmp_path, jupyter_sdk_image_env):
         assert _kernel_banner(nb) == "Python 3.10"
         assert "raw ONNX Runtime:" not in text  # the image has no onnxruntime: only the curve through Triton
     passed = _no_failed_check(text)
-    assert len(passed) == 19, passed
+    assert len(passed) == 21, passed
     # the restored hands-on parts: the ONNX model added to the running server, dynamic batching
     # on the Python model at 8 clients with its batch-size histogram, an answer cell per question
     # the learner's own model folder: built, loaded through the kit's translation (the ONNX
@@ -232,6 +232,10 @@ def test_6_triton_runs_against_a_local_triton(tmp_path, jupyter_sdk_image_env):
     assert re.search(r"batching off +[0-9.]+/s offered", text) and re.search(r"batching on +[0-9.]+/s offered", text)
     assert "Usage:" not in text   # no perf_analyzer command was refused (one once printed its usage text)
     assert "sustained load (p99 <=" in text
+    # the traces: refused without the key, one request's stamps, the breakdown of each model
+    assert "without the key: 403" in text and "the client has the answer" in text
+    assert re.search(r"^ *[0-9.]+ ms  COMPUTE_INPUT_END$", text, re.M), text
+    assert re.search(r"^food_pipeline @ 8 .*%$", text, re.M) and "food_pipeline @ 8, per step" in text
     assert {p: p.read_text() for p in repo.glob("*/config.pbtxt")} == originals
     # The first instance-group change was made by hand (the hook above), and Triton picked it up;
     # the stub-process cells show the copies as processes (on the CPU here).
