@@ -12,10 +12,11 @@ Try it:   http://127.0.0.1:8011/docs
 """
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 from pydantic import BaseModel, Field
 
 from servelab.core import food11
@@ -42,6 +43,7 @@ app = FastAPI(
 serving.install_offline_docs(app)        # Swagger UI and ReDoc served by this app itself (works offline)
 app.add_middleware(serving.BodySizeLimit, max_bytes=serving.MAX_BODY_BYTES)  # bigger bodies: 413, unread
 serving.install_error_handlers(app)                           # bad input → JSON 4xx
+app.add_middleware(serving.ServerTiming)                      # Server-Timing: app;dur=<ms>
 
 
 class PredictRequest(BaseModel):
@@ -60,15 +62,20 @@ class PredictResponse(BaseModel):
 # `def`, not `async def`: FastAPI runs it in its threadpool, so decoding the
 # next request's image overlaps with this request's inference.
 @app.post("/predict", response_model=PredictResponse, responses=serving.ERROR_RESPONSES)
-def predict(request: PredictRequest):
+def predict(request: PredictRequest, response: Response):
+    t0 = time.perf_counter()
     with service.decoding():                                  # at most one decode per core
         x = food11.preprocess_base64(request.image)           # bad input → 400/413 JSON
     batch = x[np.newaxis]                                     # [1, 3, 224, 224] float32
+    t1 = time.perf_counter()
 
     with service.inference() as session:                      # waits for a free slot; the session for its share
+        t2 = time.perf_counter()                              # the slot is ours: the wait ends here
         logits = session.run(None, {input_name: batch})[0]    # [1, 11]
 
     top = food11.predict_from_logits(logits)[0]               # softmax → label, probability
+    response.headers["Server-Timing"] = serving.server_timing(decode=t1 - t0, wait=t2 - t1,   # ms per stage
+                                                             infer=time.perf_counter() - t2)
     return {**top.as_dict(), **info.response_fields()}
 
 

@@ -13,10 +13,11 @@ gives the same answer for the same image.
 """
 
 import os
+import time
 from pathlib import Path
 
 import torch
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 from pydantic import BaseModel, Field
 
 from servelab.core import food11
@@ -46,6 +47,7 @@ app = FastAPI(
 serving.install_offline_docs(app)        # Swagger UI and ReDoc served by this app itself (works offline)
 app.add_middleware(serving.BodySizeLimit, max_bytes=serving.MAX_BODY_BYTES)  # bigger bodies: 413, unread
 serving.install_error_handlers(app)      # bad input → JSON 4xx with a readable message
+app.add_middleware(serving.ServerTiming)  # Server-Timing: app;dur=<ms> on every answer (below: the stages)
 
 
 # lesson: the request and the response (FastAPI checks every body against PredictRequest)
@@ -67,20 +69,26 @@ class PredictResponse(BaseModel):
 # one request runs its forward pass, others decode their images and then
 # queue for a free slot.
 @app.post("/predict", response_model=PredictResponse, responses=serving.ERROR_RESPONSES)
-def predict(request: PredictRequest):
+def predict(request: PredictRequest, response: Response):
     # base64 → image → float32 [3, 224, 224]. Bad input raises
     # food11.ImageDecodeError, which the error handlers turn into a 400/413.
+    t0 = time.perf_counter()
     with service.decoding():                                    # at most one decode per core
         x = food11.preprocess_base64(request.image)
     batch = torch.from_numpy(x).unsqueeze(0).to(device)        # [1, 3, 224, 224]
+    t1 = time.perf_counter()
 
     # lesson: the forward pass, the one line that runs the model
     with service.inference():          # waits for a free slot; all cores alone, a share beside others
+        t2 = time.perf_counter()                                # the slot is ours: the wait ends here
         logits = model(batch)                                   # [1, 11]
     # lesson: end
 
     # Softmax turns logits into probabilities that sum to 1 over the classes.
     top = food11.predict_from_logits(logits.cpu().numpy())[0]
+    # Where this request's time went, in the answer's Server-Timing header (milliseconds)
+    response.headers["Server-Timing"] = serving.server_timing(decode=t1 - t0, wait=t2 - t1,
+                                                             infer=time.perf_counter() - t2)
     return {**top.as_dict(), **info.response_fields()}
 
 

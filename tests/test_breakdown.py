@@ -103,3 +103,15 @@ def test_with_id_keeps_the_binary_tensors_and_fixes_the_header_length():
     assert json.loads(body[:n])["id"] == "r-7" and body[n:] == b"\x00\x00\x80?"
     body, headers = breakdown.with_id(b'{"inputs":[]}', {"Content-Type": "application/json"}, "r-8")
     assert json.loads(body) == {"inputs": [], "id": "r-8"} and "Inference-Header-Content-Length" not in headers
+
+
+def test_a_fastapi_answers_stages_add_up_and_a_missing_stage_is_named():
+    line = breakdown.fastapi_timeline("decode;dur=3.000, wait;dur=1.000, infer;dur=10.000, app;dur=15.500", 17.0)
+    assert line == [("network", "", 1.5), ("parse + encode", "", 1.5), ("decode", "", 3.0), ("wait", "", 1.0),
+                    ("infer", "", 10.0)]
+    with pytest.raises(ValueError, match="infer"):
+        breakdown.fastapi_timeline("decode;dur=3.000, app;dur=5.0", 6.0)
+    s = breakdown.summary({"model": "FastAPI x", "concurrency": 1, "timelines": [line], "client_ms": [17.0],
+                           "stage_names": breakdown.FASTAPI_STAGES})
+    assert s["sum_ok"] and list(s["stages"]) == list(breakdown.FASTAPI_STAGES)
+    assert "parse+enc" in breakdown.table([s]) and "network" in breakdown.table([s])

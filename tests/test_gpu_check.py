@@ -92,6 +92,12 @@ def test_dry_run_hides_the_gpu_and_measures_through_triton(dry_run):
     assert {(f["instances"], f["concurrency"], f["batch"]) for f in runs} >= {(1, 1, 1), (2, 16, 1), (2, 1, 2)}
     assert all(f.get("throughput", 0) > 0 for f in runs), runs
     assert "perf_analyzer -u" in (out / "perf.txt").read_text()
+    # traces: every request of each row traced, its stages from Triton's traces and the client's clock
+    traced = phases["traces"]["figures"]
+    assert [f["what"] for f in traced] == ["traces food_classifier_onnx, c=1", "traces food_classifier_onnx, c=8"]
+    for f in traced:
+        assert f["requests"] == 8 and f["stages_p50_ms"]["compute infer"] > 0, f
+        assert f["value"].startswith("shares of the client's p50: "), f
 
 
 def test_dry_run_summary_has_phases_and_figures_table(dry_run):
@@ -107,6 +113,7 @@ def test_dry_run_summary_has_phases_and_figures_table(dry_run):
     samples = runner.read_samples(out / "samples.csv")
     assert samples and {s["phase"] for s in samples} >= {"triton"}
     assert "## Figures" in proc.stdout  # printed too: a device call's output tail shows it
+    assert "## Where each request's time goes" in text and "food_classifier_onnx @ 8" in text
 
 
 def test_no_time_left_skips_each_phase_with_its_reason(tmp_path):

@@ -15,6 +15,7 @@ and the sum check: the stages' p50s against the client's p50.
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import os
@@ -44,12 +45,12 @@ def with_id(body: bytes, headers: dict[str, str], request_id: str) -> tuple[byte
     return new_head + body[n:], out
 
 
-def _send_all(url: str, model: str, requests: list[tuple[str, bytes, dict]], concurrency: int,
-              timeout: float) -> tuple[dict[str, tuple[int, int]], list[str]]:
+def _send_all(url: str, path: str, requests: list[tuple[str, bytes, dict]], concurrency: int,
+              timeout: float, timings: dict | None = None) -> tuple[dict[str, tuple[int, int]], list[str]]:
     """Closed loop: ``concurrency`` clients, each on one keep-alive connection, take the next
-    request as soon as their last one is answered. Returns {id: (sent ns, received ns)}, errors."""
+    request as soon as their last one is answered. Returns {id: (sent ns, received ns)}, errors;
+    ``timings`` gets each answer's Server-Timing header, by id."""
     host, port = url.replace("http://", "").split("/")[0].rsplit(":", 1)
-    path = f"/v2/models/{model}/infer"
     sent: dict[str, tuple[int, int]] = {}
     errors: list[str] = []
     lock, queue = threading.Lock(), list(reversed(requests))
@@ -70,6 +71,8 @@ def _send_all(url: str, model: str, requests: list[tuple[str, bytes, dict]], con
                 with lock:
                     if resp.status == 200:
                         sent[rid] = (t0, t1)
+                        if timings is not None:
+                            timings[rid] = resp.getheader("Server-Timing", "")
                     else:
                         errors.append(f"HTTP {resp.status} {data[:120]!r}")
         except OSError as err:
@@ -97,14 +100,54 @@ def measure(url: str, admin_key: str | None, model: str, concurrency: int = 1, n
         return [(f"{run_id}-{tag}-{i}", *with_id(*bodies[i % len(bodies)], f"{run_id}-{tag}-{i}"))
                 for i in range(count)]
 
-    _send_all(url, model, batch("warm", warmup), concurrency, timeout)   # untraced
+    path = f"/v2/models/{model}/infer"
+    _send_all(url, path, batch("warm", warmup), concurrency, timeout)   # untraced
     with Tracing(url, admin_key) as tracing:
-        sent, errors = _send_all(url, model, batch("run", n), concurrency, timeout)
+        sent, errors = _send_all(url, path, batch("run", n), concurrency, timeout)
     lines = timelines(tracing.collect(set(sent)), sent)
     return {"model": model, "concurrency": concurrency, "sent": n, "answered": len(sent),
             "traced": len(lines), "errors": errors[:5],
             "client_ms": [(t1 - t0) / 1e6 for rid, (t0, t1) in sent.items() if rid in lines],
             "timelines": list(lines.values())}
+
+
+FASTAPI_STAGES = ("network", "parse + encode", "decode", "wait", "infer")
+
+
+def fastapi_timeline(server_timing: str, client_ms: float) -> list[tuple[str, str, float]]:
+    """A FastAPI answer's stages from its Server-Timing header (``decode``, ``wait``, ``infer`` from
+    the endpoint, ``app`` from the middleware: servelab.serve.serving_contract) and the client's
+    own time; they add up to the client's time."""
+    got = {}
+    for part in server_timing.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if dur:
+            got[name] = float(dur)
+    missing = {"decode", "wait", "infer", "app"} - set(got)
+    if missing:
+        raise ValueError(f"Server-Timing {server_timing!r} lacks {sorted(missing)}")
+    inside = got["decode"] + got["wait"] + got["infer"]
+    return [("network", "", client_ms - got["app"]), ("parse + encode", "", got["app"] - inside),
+            ("decode", "", got["decode"]), ("wait", "", got["wait"]), ("infer", "", got["infer"])]
+
+
+def measure_fastapi(url: str, concurrency: int = 1, n: int = 100, warmup: int = 10, timeout: float = 60.0,
+                    name: str = "FastAPI") -> dict:
+    """One run against a FastAPI service's /predict: per request, its stages (ms) from the
+    answer's Server-Timing header and the client's own time."""
+    from servelab.bench.targets import default_images
+
+    body = json.dumps({"image": base64.b64encode(default_images()[0]).decode()}).encode()
+    head = {"Content-Type": "application/json"}
+    _send_all(url, "/predict", [(f"w{i}", body, head) for i in range(warmup)], concurrency, timeout)
+    timings: dict[str, str] = {}
+    sent, errors = _send_all(url, "/predict", [(f"r{i}", body, head) for i in range(n)], concurrency, timeout,
+                             timings)
+    ids = sorted(sent)
+    client = [(sent[i][1] - sent[i][0]) / 1e6 for i in ids]
+    return {"model": name, "concurrency": concurrency, "sent": n, "answered": len(sent), "traced": len(sent),
+            "errors": errors[:5], "client_ms": client, "stage_names": FASTAPI_STAGES,
+            "timelines": [fastapi_timeline(timings[i], c) for i, c in zip(ids, client)]}
 
 
 def _headers(raw_request: bytes) -> dict[str, str]:
@@ -121,7 +164,7 @@ def summary(run: dict) -> dict:
         totals: dict[str, float] = defaultdict(float)
         for stage, _model, ms in line:
             totals[stage] += ms
-        for stage in STAGES:
+        for stage in run.get("stage_names", STAGES):
             per_stage[stage].append(totals.get(stage, 0.0))
     stages = {s: {"p50": percentile(v, 50), "p99": percentile(v, 99), "mean": sum(v) / len(v)}
               for s, v in per_stage.items() if any(v)}
@@ -133,7 +176,7 @@ def summary(run: dict) -> dict:
     steps = {m: {k: percentile(v, 50) for k, v in d.items()} for m, d in per_step.items()}
     client = run["client_ms"]
     out = {"model": run["model"], "concurrency": run["concurrency"], "requests": len(client),
-           "stages": stages, "steps_p50": steps}
+           "stages": stages, "steps_p50": steps, "stage_names": list(run.get("stage_names", STAGES))}
     if not client:
         out["verdict"] = "inconclusive: no request was both answered and traced"
         return out
@@ -157,8 +200,10 @@ def summary(run: dict) -> dict:
 
 def table(summaries: list[dict], key: str = "p50") -> str:
     """The stacked table: one row per model and concurrency, a column per stage (ms)."""
-    cols = [s for s in STAGES if any(s in x["stages"] for x in summaries)]
+    names = list(dict.fromkeys(n for x in summaries for n in x.get("stage_names", STAGES)))
+    cols = [s for s in names if any(s in x["stages"] for x in summaries)]
     short = {s: s.replace("compute ", "c.").replace("client to server", "to srv").replace("server to client", "to cli")
+                .replace("parse + encode", "parse+enc")
              for s in cols}
     head = f"{'model @ concurrency':<28}" + "".join(f"{short[s]:>10}" for s in cols) + f"{'sum':>9}{'client':>9}{'Δ':>7}"
     rows = [head, "-" * len(head)]
@@ -182,7 +227,7 @@ def plot(summaries: list[dict], path: Path | None = None) -> Path | None:
     labels = [f"{x['model']}\n@{x['concurrency']}" for x in done]
     fig, ax = plt.subplots(figsize=(1.8 * len(done) + 3, 4.5))
     bottom = [0.0] * len(done)
-    for stage in STAGES:
+    for stage in dict.fromkeys(n for x in done for n in x.get("stage_names", STAGES)):
         vals = [x["stages"].get(stage, {}).get("p50", 0.0) for x in done]
         if any(vals):
             ax.bar(labels, vals, bottom=bottom, label=stage)
@@ -208,6 +253,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="+", default=list(MODELS))
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
     p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--fastapi", nargs="*", default=[], metavar="NAME=URL",
+                   help="FastAPI services to break down too, e.g. pytorch=http://127.0.0.1:8010 (their Server-Timing)")
     p.add_argument("--json", type=Path, help="write the summaries here")
     p.add_argument("--plot", type=Path, help="write the stacked bar plot here (PNG)")
     a = p.parse_args(argv)
@@ -234,6 +281,13 @@ def main(argv=None) -> int:
                                                            for m, v in s["steps_p50"].items()))
                 if s.get("missing"):
                     print("  " + s["missing"])
+        for spec in a.fastapi:
+            name, _, url = spec.partition("=")
+            for c in a.concurrency:
+                run = measure_fastapi(url, c, a.requests, name=f"FastAPI {name}")
+                summaries.append(summary(run))
+                print(f"FastAPI {name} @ {c}: {run['answered']}/{run['sent']} answered"
+                      + (f", errors {run['errors']}" if run["errors"] else ""), flush=True)
         print("\np50 of each stage (ms); sum = the stages' p50s, client = the client's own p50, Δ = sum/client - 1")
         print(table(summaries, "p50"))
         print("\np99 of each stage (ms)")

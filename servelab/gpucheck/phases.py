@@ -379,8 +379,52 @@ def accel(args, work: Path) -> dict:
     return {"status": "ok", **res, "figures": acc.figures(res)}
 
 
+# --------------------------------------------------------------------------
+# traces
+# --------------------------------------------------------------------------
+
+TRACE_ENSEMBLE_STEPS = ("food_preprocess", "food_classifier_onnx", "food_postprocess")
+
+
+def traces(args, work: Path) -> dict:
+    """Where each request's time goes here (servelab.bench.breakdown): Triton's traces of the
+    Python model, the ONNX model and the ensemble at 1 and 8 clients, each stage's p50 and its
+    share of the client's p50, with the GPU's and the CPU's use during each row (the samples)."""
+    from servelab import triton
+    from servelab.bench import breakdown
+    from servelab.core import procs
+
+    models = ["food_classifier_onnx"] if args.tiny else list(breakdown.MODELS)
+    load = sorted(set(models) | (set(TRACE_ENSEMBLE_STEPS) if "food_pipeline" in models else set()))
+    n, warmup = (8, 2) if args.tiny else (100, 20)
+    rows, summaries = [], []
+    with triton.running(models=load, http_port=procs.free_port(), grpc_port=procs.free_port(),
+                        metrics_port=procs.free_port(), workdir=work / "triton-traces", write_state=False,
+                        install_perf_shim=False) as t:
+        for model in models:
+            for clients in (1, 8):
+                t_start = time.time()
+                s = breakdown.summary(breakdown.measure(t.url, t.admin_key, model, clients, n, warmup=warmup))
+                summaries.append(s)
+                client = s.get("client_p50")
+                shares = ", ".join(f"{k} {v['p50'] / client:.0%}" for k, v in s["stages"].items()
+                                   if client and v["p50"] / client >= 0.01)
+                rows.append({"what": f"traces {model}, c={clients}", "concurrency": clients, "t_start": t_start,
+                             "t_end": time.time(), "p50_ms": client, "p99_ms": s.get("client_p99"),
+                             "requests": s["requests"], "stages_p50_ms": {k: v["p50"] for k, v in s["stages"].items()},
+                             "steps_p50_ms": s["steps_p50"], "sum_ratio": s.get("sum_ratio"),
+                             "value": f"shares of the client's p50: {shares}" if client else s.get("verdict")})
+                _write(work, "traces", {"status": "fail", "reason": f"stopped after {len(rows)} rows", "figures": rows})
+        notes = list(t.notes)
+    res = {"status": "ok", "figures": rows, "notes": notes, "table": breakdown.table(summaries)}
+    short = [f"{r['what']}: {r['requests']} of {n} traced" for r in rows if r["requests"] < n]
+    if short:
+        res.update(status="fail", reason="; ".join(short[:4]))
+    return res
+
+
 PHASES = {"probe": probe, "models": models, "fastapi": fastapi, "triton": triton_phase, "tour": tour,
-          "cuda_tests": cuda_tests, "accel": accel}
+          "cuda_tests": cuda_tests, "accel": accel, "traces": traces}
 
 
 def main(argv=None) -> int:

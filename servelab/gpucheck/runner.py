@@ -75,7 +75,8 @@ PHASES = (
     Phase("triton", 150, 150, stub_numpy=True),
     Phase("tour", 120, 90, stub_numpy=True),
     Phase("cuda_tests", 60, 60, stub_numpy=True),  # tests/triton/test_cuda.py starts a Triton
-    Phase("accel", 150, 120),  # last: fp32 / FP16 / torch.compile and S(b), the newest phase
+    Phase("accel", 150, 120),  # fp32 / FP16 / torch.compile and S(b)
+    Phase("traces", 90, 90, stub_numpy=True),  # last, the newest: where each request's time goes (issue 51)
 )
 PHASE_NAMES = tuple(p.name for p in PHASES)
 OUT_FILES = ("summary.md", "results.json", "log.txt", "samples.csv", "perf.txt", "tour-report.md",

@@ -64,6 +64,10 @@ def summary_text(results: list[dict], meta: dict, samples: list[dict]) -> str:
     lines += ["", "## Figures", "", figures_table(results, samples, meta["t0"]), ""]
     lines += ["GPU and CPU utilisation are the samples taken during each run. Figures from one run on one "
               "machine: a reference, not a P100 result.", ""]
+    traced = next((r for r in results if r.get("phase") == "traces" and r.get("table")), None)
+    if traced:
+        lines += ["## Where each request's time goes (traces phase: p50 of each stage, ms)", "", "```",
+                  traced["table"], "```", ""]
     return "\n".join(lines)
 
 

@@ -42,7 +42,9 @@ from servelab.serve.serving_contract import (  # noqa: F401 (re-exported: the se
     MAX_JSON_CONTAINERS,
     MAX_JSON_ITEMS,
     BodySizeLimit,
+    ServerTiming,
     install_error_handlers,
+    server_timing,
 )
 from servelab.serve.threads import CoreShare, TorchShare
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 
 from servelab.core import food11
 
@@ -205,6 +206,38 @@ def repeated_framing_headers(headers) -> list[str]:
 def repeated_message(names: list[str]) -> str:
     shown = ", ".join("-".join(part.capitalize() for part in n.split("-")) for n in names)
     return f"The request repeats the {shown} header; send each of these headers once."
+
+
+def server_timing(**seconds: float) -> str:
+    """A ``Server-Timing`` header value: ``decode;dur=3.120, wait;dur=0.010, ...`` (milliseconds)."""
+    return ", ".join(f"{name};dur={s * 1000:.3f}" for name, s in seconds.items())
+
+
+class ServerTiming:
+    """ASGI middleware: adds ``app;dur=<ms>`` to every response's ``Server-Timing`` header, the time
+    from the request's head reaching the app to its response head leaving it (reading and parsing
+    the body, the endpoint, encoding the answer). An endpoint's own stages (``server_timing``) stay
+    in front of it; ``servelab.bench.breakdown`` reads them all."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+
+        async def timed(message):
+            if message["type"] == "http.response.start":
+                app_ms = f"app;dur={(time.perf_counter() - t0) * 1000:.3f}".encode()
+                headers = list(message.get("headers", ()))
+                own = [v for k, v in headers if k.lower() == b"server-timing"]
+                headers = [(k, v) for k, v in headers if k.lower() != b"server-timing"]
+                message = {**message, "headers": headers + [(b"server-timing", b", ".join(own + [app_ms]))]}
+            await send(message)
+
+        await self.app(scope, receive, timed)
 
 
 class BodySizeLimit:

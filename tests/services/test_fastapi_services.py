@@ -210,3 +210,27 @@ def test_env_knobs_device_and_workers(built_models, service_logs):
         post_good(server.url)
     finally:
         server.stop()
+
+
+def test_every_answer_says_where_its_time_went(fastapi_server):
+    """Server-Timing (issue 51): the endpoint's decode, wait and infer, and the middleware's app time
+    around them; a refused request carries the app time too. servelab.bench.breakdown's FastAPI
+    run adds them up with the client's own clock."""
+    from servelab.bench import breakdown
+
+    r = requests.post(f"{fastapi_server.url}/predict", json={"image": b64(first_jpeg())}, timeout=60)
+    assert r.status_code == 200
+    stages = {k.strip(): float(v) for k, v in (p.split(";dur=") for p in r.headers["Server-Timing"].split(","))}
+    assert list(stages) == ["decode", "wait", "infer", "app"], r.headers["Server-Timing"]
+    assert stages["decode"] > 0 and stages["infer"] > 0 and stages["wait"] >= 0
+    assert stages["app"] >= stages["decode"] + stages["wait"] + stages["infer"]
+    bad = requests.post(f"{fastapi_server.url}/predict", json={"image": "not base64!"}, timeout=60)
+    assert bad.status_code == 400 and bad.headers["Server-Timing"].startswith("app;dur=")
+    run = breakdown.measure_fastapi(fastapi_server.url, concurrency=2, n=8, warmup=2, name=fastapi_server.name)
+    assert run["answered"] == 8 and not run["errors"], run["errors"]
+    for line, client in zip(run["timelines"], run["client_ms"]):
+        assert [s for s, _m, _ms in line] == list(breakdown.FASTAPI_STAGES)
+        assert abs(sum(ms for *_x, ms in line) - client) < 0.01
+        assert all(ms >= 0 for *_x, ms in line), line    # the app's time fits in the client's, the stages in the app's
+    s = breakdown.summary(run)
+    assert s["stages"]["infer"]["p50"] > 0 and "client_p50" in s
