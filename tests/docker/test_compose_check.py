@@ -269,14 +269,23 @@ def test_a_notebook_that_stopped_on_an_error_runs_once_more_and_the_first_attemp
 
     c.notebook_in_jupyter = attempt
     c.wait_healthy = lambda: waits.append(1)
+    blocks = []
+    c.run_node_block = lambda script: blocks.append(script) or 0
     assert c.notebook_with_retry("6b_model_analyzer") == {"notebook": "6b_model_analyzer"}
     assert calls == ["6b_model_analyzer"] * 2 and waits == [1]
+    # before the second run, the Triton stack is back as shipped (a fresh CPU copy of the repository)
+    assert blocks == [f"docker compose -f ~/{check.KIT}/docker/docker-compose-triton.yaml "
+                      "up -d --force-recreate triton_cpu_repository triton_server"]
     assert c.findings == ["notebook 6b_model_analyzer stopped on an error and was run once more: "
                           "notebook 6b_model_analyzer: InferenceServerException: refused"]
     # a second error fails the step; a failure that is not the notebook's own error is not retried
     c.notebook_in_jupyter = lambda name, **kw: (_ for _ in ()).throw(check.CheckFailed(f"notebook {name}: again"))
     with pytest.raises(check.CheckFailed, match="again"):
         c.notebook_with_retry("6c_scale_out")
+    assert len(blocks) == 1   # 6c runs on the scale overlay: no reset of the Triton stack
+    c.run_node_block = lambda script: 1
+    with pytest.raises(check.CheckFailed, match="did not come back as shipped"):
+        c.notebook_with_retry("6a_triton_pipeline")
     c.notebook_in_jupyter = lambda name, **kw: (_ for _ in ()).throw(check.CheckFailed("containers failed"))
     with pytest.raises(check.CheckFailed, match="containers failed"):
         c.notebook_with_retry("6a_triton_pipeline")
