@@ -93,7 +93,7 @@ def measure(url: str, admin_key: str | None, model: str, concurrency: int = 1, n
             warmup: int = 20, timeout: float = 60.0) -> dict:
     """One traced run: per request, its stages (ms) and the client's own time."""
     target = triton_target(url if url.startswith("http") else f"http://{url}", model)
-    bodies = [(r.split(b"\r\n\r\n", 1)[1], _headers(r)) for r in target.requests]
+    bodies = target.bodies
     run_id = uuid.uuid4().hex[:8]
 
     def batch(tag: str, count: int):
@@ -148,12 +148,6 @@ def measure_fastapi(url: str, concurrency: int = 1, n: int = 100, warmup: int = 
     return {"model": name, "concurrency": concurrency, "sent": n, "answered": len(sent), "traced": len(sent),
             "errors": errors[:5], "client_ms": client, "stage_names": FASTAPI_STAGES,
             "timelines": [fastapi_timeline(timings[i], c) for i, c in zip(ids, client)]}
-
-
-def _headers(raw_request: bytes) -> dict[str, str]:
-    head = raw_request.split(b"\r\n\r\n", 1)[0].decode().split("\r\n")[1:]
-    keep = ("content-type", "inference-header-content-length")
-    return {k: v.strip() for k, v in (h.split(":", 1) for h in head) if k.lower() in keep}
 
 
 def summary(run: dict) -> dict:

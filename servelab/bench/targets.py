@@ -238,6 +238,7 @@ class TritonHTTPTarget(HTTPTarget):
         super().__init__(url, _infer_path(model, version), "POST", [b for b, _ in requests],
                          timeout=timeout, name=name or f"Triton {model} (HTTP)")
         # Headers differ per request (binary header length), so encode each.
+        self.bodies = list(requests)   # (body, headers) as built: servelab.bench.breakdown adds an id to each
         self.requests = [http.build_request("POST", host, port, self.path, b, h) for b, h in requests]
         self.protocol_note = protocol_note
 
