@@ -11,7 +11,7 @@ larger than any run: Triton holds the traces and writes them when tracing is tur
 new numbered file beside the configured one (``trace.json.0``, ``.1``, ...), whole and closed.
 (Checked on tritonserver 2.51. With ``log_frequency`` 0 it writes into ``trace.json`` itself
 through a buffered stream that stays open until shutdown: after the update the file held
-none, or part, of what was traced.) ``read(dir)`` merges the numbered files' entries per
+none, or part, of what was traced.) ``read(path)`` merges the numbered files' entries per
 trace id; trace ids restart with each server, request ids do not (each run uses its own).
 
 A request's timeline is a chain of instants, each later than the one before; the stages
@@ -62,12 +62,11 @@ def server_args(workdir: Path) -> list[str]:
     return [f"--trace-config=triton,file={workdir / TRACE_DIR / TRACE_FILE}", "--trace-config=level=OFF"]
 
 
-def settings(url: str, admin_key: str | None, update: dict | None = None, model: str | None = None,
-             timeout: float = 10.0) -> dict:
-    """GET (or POST ``update`` to) ``/v2[/models/<model>]/trace/setting`` with the admin key."""
+def settings(url: str, admin_key: str | None, update: dict | None = None, timeout: float = 10.0) -> dict:
+    """GET (or POST ``update`` to) the server-wide ``/v2/trace/setting`` with the admin key."""
     import requests
 
-    path = f"/v2/models/{model}/trace/setting" if model else "/v2/trace/setting"
+    path = "/v2/trace/setting"
     headers = {HTTP_ADMIN_HEADER: admin_key} if admin_key else {}
     base = url if url.startswith("http") else f"http://{url}"
     r = (requests.post(base + path, json=update, headers=headers, timeout=timeout) if update is not None
@@ -101,7 +100,7 @@ class Tracing:
     def collect(self, request_ids: set[str], wait_s: float = 30.0) -> dict:
         """The traces of ``request_ids`` (and their children), once the file holds them all
         (or ``wait_s`` has passed: then what it holds)."""
-        deadline, found = time.monotonic() + wait_s, {}
+        deadline = time.monotonic() + wait_s
         while True:
             try:
                 traces = read(self.path)
