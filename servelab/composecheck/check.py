@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from servelab.bench.validity import MAX_OTHER_CORES
-from servelab.composecheck import standins
+from servelab.composecheck import incontainer, standins
 from servelab.core import paths
 from servelab.node import compose as node_compose
 
@@ -257,7 +257,7 @@ class Check:
                 node_wall, node_cpu = self.other_work(before, self.cpu_sample())
                 node_time[0] += node_wall  # the node's own commands (builds, restarts) run between cells:
                 node_time[1] += node_cpu   # their CPU is not other work during the notebook's runs
-                (handoff / f"done-{served}").write_text(str(code))
+                incontainer.write_whole(handoff / f"done-{served}", str(code))
             if time.monotonic() > deadline:
                 proc.kill()
                 raise CheckFailed(f"notebook {name} ran past {timeout:.0f} s")

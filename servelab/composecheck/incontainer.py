@@ -31,6 +31,14 @@ def node_commands(markdown: str) -> list[str]:
     return [m.group(1) for m in NODE_BLOCK.finditer(markdown)]
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Write ``path`` so that whoever polls for it never sees it half-written: the other side acts on
+    the file as soon as it exists, so it appears (by rename) only with its whole text."""
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
 def handoff_hook(nb, handoff: Path, timeout: float, opened: bool = False, log=print):
     """nbclient on_cell_execute hook: hand every pending node block to the check, wait for each.
     ``opened``: the blocks before the first code cell ("before you run any cell here") already ran."""
@@ -46,7 +54,7 @@ def handoff_hook(nb, handoff: Path, timeout: float, opened: bool = False, log=pr
         for script in pending:
             state["n"] += 1
             n = state["n"]
-            (handoff / f"request-{n}.sh").write_text(script)
+            write_whole(handoff / f"request-{n}.sh", script)
             log(f"[node] cell {cell_index}: waiting for the node to run:\n{script.rstrip()}", flush=True)
             done = handoff / f"done-{n}"
             deadline = time.monotonic() + timeout
