@@ -493,3 +493,51 @@ def scale_out_predictions(servers: int, rate: float, service_s: float) -> dict[s
         out[name] = {"mean_s": fn(servers, rate, service_s), "p50_s": fn(servers, rate, service_s, 0.5),
                      "p99_s": fn(servers, rate, service_s, 0.99)}
     return out
+
+
+# -- past capacity: a bounded queue ------------------------------------------------------------------
+
+def mmck(servers: int, rate: float, service_s: float, capacity: int) -> dict[str, float]:
+    """M/M/c/K: Poisson arrivals, exponential service, ``servers`` copies, at most ``capacity``
+    requests in the system (in service + queued); an arrival that finds it full is rejected.
+    Returns the rejection probability, the served rate (goodput) and the served requests' mean
+    response time (Little's law on the served flow)."""
+    if capacity < servers:
+        raise ValueError("capacity counts the requests in service too: it must be >= servers")
+    a = rate * service_s
+    weights = [a ** n / math.factorial(n) if n <= servers
+               else a ** servers / math.factorial(servers) * (a / servers) ** (n - servers)
+               for n in range(capacity + 1)]
+    total = sum(weights)
+    p = [w / total for w in weights]
+    served = rate * (1 - p[capacity])
+    in_system = sum(n * pn for n, pn in enumerate(p))
+    return {"reject": p[capacity], "goodput": served, "mean_s": in_system / served if served else math.inf}
+
+
+def simulate_bounded(rate: float, service_s: float, capacity: int, n: int = 20000, seed: int = 1) -> dict:
+    """One server, FIFO, a fixed service time, at most ``capacity`` requests in the system, Poisson
+    arrivals: the rejected share and the served requests' latencies (s). ``capacity=None``: no bound."""
+    import numpy as np
+
+    from servelab.bench import schedule
+    arr = schedule.offsets(rate, n, "poisson", seed)
+    ends: list[float] = []          # completion times of the requests still in the system, in order
+    lat, rejected, free, head = [], 0, 0.0, 0
+    for t in arr:
+        while head < len(ends) and ends[head] <= t:
+            head += 1
+        if capacity is not None and len(ends) - head >= capacity:
+            rejected += 1
+            continue
+        free = max(free, t) + service_s
+        ends.append(free)
+        lat.append(free - t)
+    return {"reject": rejected / n, "latencies": np.array(lat), "arrivals": arr}
+
+
+def backlog_growth(rate: float, service_s: float, duration_s: float) -> dict[str, float]:
+    """No bound past capacity: the queue grows by (rate - 1/service) every second, so the last
+    request of a ``duration_s`` run waits about that backlog times the service time."""
+    growth = max(0.0, rate - 1.0 / service_s)
+    return {"growth_per_s": growth, "backlog": growth * duration_s, "last_wait_s": growth * duration_s * service_s}

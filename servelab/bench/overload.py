@@ -1,0 +1,189 @@
+"""Past capacity (issue 50, item 2): what Triton does with more requests than one copy of a model
+can serve, without a bound on its queue and with ``default_queue_policy { max_queue_size }``.
+
+One run, one local (or given) Triton, one model (``food_classifier``, the PyTorch model in the
+Python backend), batching capped at 1 so that one request is one execution and the queueing
+model's service time is the measured one:
+
+1. capacity: closed loop, 2 clients (the copy is never idle): served requests/s = 1 / service time;
+2. Poisson arrivals at 0.8x, 1.2x and 1.5x that capacity, first with Triton's default (no bound:
+   the queue grows as long as the overload lasts), then with ``max_queue_size`` (a request that
+   finds the queue full is rejected at once, HTTP 503, and the others keep a bounded wait);
+3. beside each bounded run, the predicted rejected share: M/M/1/K (the textbook closed form) and
+   the same bounded queue with the measured, fixed service time (simulated); beside each
+   unbounded run, the backlog the queue should build ((rate - capacity) x duration).
+
+A prediction is judged (within ``REJECT_TOLERANCE`` of the measured share) only where the run
+expects at least ``MIN_REJECTS`` rejections: a share of a handful of requests is noise.
+
+    python -m servelab.bench.overload                  # starts its own local Triton
+    python -m servelab.bench.overload --url 127.0.0.1:8000 --admin-key ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+
+from servelab.bench import load, queueing
+from servelab.bench.targets import triton_image_target
+
+MODEL = "food_classifier"
+FACTORS = (0.8, 1.2, 1.5)
+QUEUE_SIZE = 8           # max_queue_size: requests waiting; one more is in execution
+REJECT_TOLERANCE = 0.20  # a prediction within 20 % of the measured rejected share
+MIN_REJECTS = 20         # fewer expected rejections than this: not judged
+IDLE_LIMIT = 0.85        # past capacity, a copy busy less than this share of the run was left idle
+REJECTED = "HTTP 503"    # how the load generator names Triton's "Exceeds maximum queue size"
+
+ONE_AT_A_TIME = "max_batch_size: 1\ndynamic_batching { }"
+BOUNDED = ("max_batch_size: 1\n"
+           "dynamic_batching {\n"
+           f"  default_queue_policy {{ max_queue_size: {QUEUE_SIZE} timeout_action: REJECT }}\n"
+           "}")
+
+
+def capacity(target, seconds: float, model: str = MODEL) -> dict:
+    """The copy's service time, from Triton's own statistics (compute per request) while 2
+    closed-loop clients keep it busy, and the capacity it gives: 1 / service time."""
+    from servelab.bench.triton import TritonObserver
+
+    r = load.run_checked(target, load.closed(2, duration=seconds, warmup=8),
+                         lambda: [TritonObserver(target.url, model)], label="capacity", progress=False)
+    per = (r.server or {}).get("per_request_ms", {})
+    service_s = sum(per.get(k, 0.0) for k in ("compute_input", "compute_infer", "compute_output")) / 1000.0
+    return {"rate": 1.0 / service_s, "service_s": service_s, "closed_loop_rate": r.throughput,
+            "valid": r.valid, "busy": busy_share(r)}
+
+
+def point(target, rate: float, seconds: float, seed: int = 0, model: str = MODEL) -> load.Result:
+    """Poisson arrivals at ``rate`` for ``seconds``; the client never holds a request back
+    (its in-flight cap is the whole schedule), so every wait is the server's. Triton's statistics
+    for the run land in ``result.server``."""
+    from servelab.bench.triton import TritonObserver
+
+    n = max(1, round(rate * seconds))
+    pat = load.open_loop(rate, "poisson", duration=seconds, max_in_flight=n + 1, seed=seed, timeout=120.0)
+    return load.run_checked(target, pat, lambda: [TritonObserver(target.url, model)], label=f"{rate:.1f}/s",
+                            progress=False)
+
+
+def busy_share(r: load.Result) -> float:
+    """The share of the run the model's one copy spent computing (Triton's own statistics)."""
+    srv = r.server or {}
+    per = srv.get("per_request_ms", {})
+    compute = sum(per.get(k, 0.0) for k in ("compute_input", "compute_infer", "compute_output"))
+    return srv.get("requests", 0) * compute / 1000.0 / r.duration_s if r.duration_s else math.nan
+
+
+def judge(measured: float, predicted: float, expected_rejects: float, busy: float, factor: float) -> str:
+    if expected_rejects < MIN_REJECTS:
+        return f"not judged (about {expected_rejects:.0f} rejections expected, fewer than {MIN_REJECTS})"
+    if factor > 1 and busy < IDLE_LIMIT:
+        return (f"not judged: requests were turned away while the copy computed only {busy:.0%} of the run; "
+                "the model assumes a server that is never idle with requests waiting, and this one was")
+    gap = measured / predicted - 1 if predicted else math.inf
+    return ("within" if abs(gap) <= REJECT_TOLERANCE else "outside") + f" ({gap:+.0%})"
+
+
+def row(policy: str, factor: float, rate: float, seconds: float, r: load.Result, service_s: float) -> dict:
+    rejected = r.errors.get(REJECTED, 0)
+    other = r.error_count - rejected
+    out = {"policy": policy, "factor": factor, "rate": rate, "sent": r.sent, "ok": r.ok,
+           "rejected": rejected, "other_errors": other, "errors": r.errors,
+           "goodput": r.throughput, "p50_ms": r.latency.get("p50_ms", math.nan),
+           "p99_ms": r.latency.get("p99_ms", math.nan), "max_ms": r.latency.get("max_ms", math.nan),
+           "reject_share": rejected / r.sent if r.sent else math.nan, "busy": busy_share(r),
+           "queue_ms": (r.server or {}).get("per_request_ms", {}).get("queue", math.nan),
+           "verdict": r.verdict}
+    if policy == "bounded":
+        k = QUEUE_SIZE + 1
+        mm = queueing.mmck(1, rate, service_s, k)
+        sim = queueing.simulate_bounded(rate, service_s, k)
+        out.update(mm1k_reject=mm["reject"], fixed_reject=sim["reject"],
+                   judged=judge(out["reject_share"], sim["reject"], sim["reject"] * r.sent, out["busy"], factor))
+    else:
+        out.update(backlog=queueing.backlog_growth(rate, service_s, seconds))
+    return out
+
+
+def measure(url: str, grpc_url: str, admin_key: str | None, seconds: float = 20.0, factors=FACTORS,
+            capacity_s: float = 10.0, model: str = MODEL, log=print) -> dict:
+    """The whole run: capacity, then each factor without and with the queue bound; the model's
+    config is put back as it was at the end."""
+    from servelab.triton import control
+
+    def reload(edit):
+        control.reload_model(model, edit, grpc_url=grpc_url, admin_key=admin_key, via="override", verbose=False)
+
+    original = control.model_config(model, grpc_url)
+    target = triton_image_target(url, model)
+    reload(ONE_AT_A_TIME)
+    cap = capacity(target, capacity_s, model)
+    log(f"capacity: {cap['rate']:.1f} requests/s (service {cap['service_s'] * 1000:.1f} ms per request in Triton's "
+        f"statistics; 2 closed-loop clients got {cap['closed_loop_rate']:.1f}/s, the copy busy {cap['busy']:.0%}"
+        + ("" if cap["valid"] else ", inconclusive: the machine was busy") + ")")
+    rows = []
+    try:
+        for policy, edit in (("unbounded", ONE_AT_A_TIME), ("bounded", BOUNDED)):
+            reload(edit)
+            load.warm(target, requests=4)
+            for f in factors:
+                rate = f * cap["rate"]
+                r = point(target, rate, seconds, model=model)
+                rows.append(row(policy, f, rate, seconds, r, cap["service_s"]))
+                log(line(rows[-1]))
+    finally:
+        reload(lambda _: original)
+    return {"model": model, "queue_size": QUEUE_SIZE, "seconds": seconds, "capacity": cap, "rows": rows}
+
+
+def line(r: dict) -> str:
+    s = (f"{r['policy']:>9} {r['factor']:.1f}x ({r['rate']:5.1f}/s): {r['ok']}/{r['sent']} served, "
+         f"goodput {r['goodput']:5.1f}/s, busy {r['busy']:.0%}, queue {r['queue_ms']:6.0f} ms, "
+         f"p99 {r['p99_ms']:7.0f} ms, max {r['max_ms']:7.0f} ms")
+    if r["policy"] == "bounded":
+        s += (f", rejected {r['reject_share']:.1%} (M/M/1/K {r['mm1k_reject']:.1%}, fixed service "
+              f"{r['fixed_reject']:.1%}: {r['judged']})")
+    else:
+        s += f", backlog predicted {r['backlog']['backlog']:.0f} (last wait {r['backlog']['last_wait_s']:.1f} s)"
+    if r["other_errors"]:
+        s += f", other errors {r['errors']}"
+    return s + ("" if r["verdict"] == "valid" else f" [{r['verdict']}]")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m servelab.bench.overload", description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", help="a running Triton's HTTP host:port (default: start a local one)")
+    p.add_argument("--grpc-url", help="the same Triton's gRPC host:port (with --url)")
+    p.add_argument("--admin-key", default=os.environ.get("TRITON_ADMIN_KEY"))
+    p.add_argument("--seconds", type=float, default=20.0, help="each Poisson run's length")
+    p.add_argument("--factors", nargs="+", type=float, default=list(FACTORS))
+    p.add_argument("--json", type=Path)
+    a = p.parse_args(argv)
+    server = None
+    if a.url is None:
+        from servelab import triton
+        from servelab.core import procs
+
+        ports = [procs.free_port() for _ in range(3)]
+        print("starting a local Triton ...", flush=True)
+        server = triton.start(models=[MODEL], http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], write_state=False)
+        a.url, a.grpc_url, a.admin_key = server.url, server.grpc_url, server.admin_key
+    elif not a.grpc_url:
+        p.error("--url needs --grpc-url (the reloads go over gRPC)")
+    try:
+        run = measure(a.url, a.grpc_url, a.admin_key, a.seconds, a.factors)
+    finally:
+        if server is not None:
+            server.stop()
+    if a.json:
+        a.json.write_text(json.dumps(run, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
