@@ -25,15 +25,18 @@ def test_past_capacity_unbounded_then_bounded(one_model_triton):
     s = one_model_triton
     before = control.model_config(overload.MODEL, s.grpc_url)
     lines: list[str] = []
-    run = overload.measure(s.url, s.grpc_url, s.admin_key, seconds=4.0, factors=(1.5,), capacity_s=3.0,
+    # 4x the capacity measured: overloaded for sure even when a busy machine (make test runs 3 workers)
+    # made the capacity read half what the copy serves during the runs (a 1.5x run once got no rejection)
+    run = overload.measure(s.url, s.grpc_url, s.admin_key, seconds=4.0, factors=(4.0,), capacity_s=3.0,
                            log=lines.append)
     unbounded, bounded = run["rows"]
     assert (unbounded["policy"], bounded["policy"]) == ("unbounded", "bounded")
     assert unbounded["ok"] == unbounded["sent"] > 0 and not unbounded["errors"]
-    # the queue grew: the last requests waited at least half the backlog's predicted wait
-    assert unbounded["max_ms"] >= 500 * unbounded["backlog"]["last_wait_s"] > 0
+    # the queue grew: the last requests waited at least a quarter of the backlog's predicted wait (a third
+    # of it if the capacity read half of what it is; as predicted on an idle machine)
+    assert unbounded["max_ms"] >= 250 * unbounded["backlog"]["last_wait_s"] > 0
     # bounded: some turned away with Triton's 503, nothing else went wrong, the rest served
-    assert bounded["rejected"] > 0 and bounded["other_errors"] == 0 and bounded["ok"] > 0
+    assert bounded["rejected"] > 0 and bounded["other_errors"] == 0 and bounded["ok"] > 0, lines
     assert 0 < bounded["fixed_reject"] < 1 and 0 < bounded["mm1k_reject"] < 1
     assert any("rejected" in line for line in lines) and lines[0].startswith("capacity:")
     after = control.model_config(overload.MODEL, s.grpc_url)
