@@ -22,7 +22,6 @@ from servelab.triton_runner import ONNX_RUNNER
 pb = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 STAGING = paths.MODELS_STAGING
 PIPELINE = ("food_pipeline", "food_preprocess", "food_postprocess")
-BLS = ("food_cascade",)   # calls the others from its code: tests/triton/test_cascade.py
 
 
 def all_configs():
@@ -31,14 +30,14 @@ def all_configs():
 
 def test_every_config_parses_with_tritons_schema():
     configs = all_configs()
-    assert {c.parent.name for c in configs} == {"food_classifier", "food_classifier_onnx", *PIPELINE, *BLS}
+    assert {c.parent.name for c in configs} == {"food_classifier", "food_classifier_onnx", *PIPELINE}
     for path in configs:
         cfg = triton.load_config(path)
         assert isinstance(cfg, pb.ModelConfig)
         assert cfg.name == path.parent.name
         assert cfg.max_batch_size == 16
-        if cfg.name in PIPELINE + BLS:
-            continue  # the ensemble and its CPU steps: tests/triton/test_pipeline.py; the BLS cascade
+        if cfg.name in PIPELINE:
+            continue  # the ensemble and its CPU steps: tests/triton/test_pipeline.py
         # As the lab starts: one instance on GPU 0.
         assert [(g.count, g.kind, list(g.gpus)) for g in cfg.instance_group] == [
             (1, pb.ModelInstanceGroup.KIND_GPU, [0])
@@ -97,7 +96,6 @@ def test_python_model_config_matches_model_py_and_the_weights(artifacts):
     (STAGING / "food_classifier" / "1" / "model.py", (3, 10)),  # the container's Python
     (STAGING / "food_preprocess" / "1" / "model.py", (3, 10)),
     (STAGING / "food_postprocess" / "1" / "model.py", (3, 10)),
-    (STAGING / "food_cascade" / "1" / "model.py", (3, 10)),
     (ONNX_RUNNER, (3, 8)),
     (ONNX_RUNNER.parent / "accelerators.py", (3, 8)),  # the runner imports it inside Triton's stub
 ])
@@ -240,8 +238,7 @@ def test_apply_edit_forms():
 
 def test_runtime_repository_layout(tmp_path, artifacts):
     names, notes = triton.build_repository(tmp_path, gpus=0)
-    assert names == ["food_cascade", "food_classifier", "food_classifier_onnx", "food_pipeline", "food_postprocess",
-                     "food_preprocess"]
+    assert names == ["food_classifier", "food_classifier_onnx", "food_pipeline", "food_postprocess", "food_preprocess"]
     onnx_version = tmp_path / "food_classifier_onnx" / "1"
     assert (onnx_version / "model.py").read_text() == ONNX_RUNNER.read_text()
     assert (onnx_version / "model.onnx").resolve() == artifacts["onnx"].resolve()
