@@ -53,8 +53,7 @@ def capacity(target, seconds: float, model: str = MODEL) -> dict:
 
     r = load.run_checked(target, load.closed(2, duration=seconds, warmup=8),
                          lambda: [TritonObserver(target.url, model)], label="capacity", progress=False)
-    per = (r.server or {}).get("per_request_ms", {})
-    service_s = sum(per.get(k, 0.0) for k in ("compute_input", "compute_infer", "compute_output")) / 1000.0
+    service_s = compute_ms(r) / 1000.0
     return {"rate": 1.0 / service_s, "service_s": service_s, "closed_loop_rate": r.throughput,
             "valid": r.valid, "busy": busy_share(r)}
 
@@ -71,12 +70,16 @@ def point(target, rate: float, seconds: float, seed: int = 0, model: str = MODEL
                             progress=False)
 
 
+def compute_ms(r: load.Result) -> float:
+    """The model's compute per request during the run (input + infer + output, Triton's statistics)."""
+    per = (r.server or {}).get("per_request_ms", {})
+    return sum(per.get(k, 0.0) for k in ("compute_input", "compute_infer", "compute_output"))
+
+
 def busy_share(r: load.Result) -> float:
     """The share of the run the model's one copy spent computing (Triton's own statistics)."""
-    srv = r.server or {}
-    per = srv.get("per_request_ms", {})
-    compute = sum(per.get(k, 0.0) for k in ("compute_input", "compute_infer", "compute_output"))
-    return srv.get("requests", 0) * compute / 1000.0 / r.duration_s if r.duration_s else math.nan
+    requests = (r.server or {}).get("requests", 0)
+    return requests * compute_ms(r) / 1000.0 / r.duration_s if r.duration_s else math.nan
 
 
 def judge(measured: float, predicted: float, expected_rejects: float, busy: float, factor: float) -> str:
