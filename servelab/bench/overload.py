@@ -101,6 +101,7 @@ def row(policy: str, factor: float, rate: float, seconds: float, r: load.Result,
            "p99_ms": r.latency.get("p99_ms", math.nan), "max_ms": r.latency.get("max_ms", math.nan),
            "reject_share": rejected / r.sent if r.sent else math.nan, "busy": busy_share(r),
            "queue_ms": (r.server or {}).get("per_request_ms", {}).get("queue", math.nan),
+           "compute_ms": compute_ms(r), "work_s": (r.server or {}).get("requests", 0) * compute_ms(r) / 1000.0,
            "verdict": r.verdict}
     if policy == "bounded":
         k = QUEUE_SIZE + 1
