@@ -15,6 +15,14 @@ the figures it is computed from: a key cannot drift from the data it cites.
 ``PASSAGES`` does the same for paragraphs outside the keys that quote another
 system's figures.
 
+The keys' "CPU reference run" figures are not typed in: ``PRINTED`` says where the
+committed reference run (``docs/reference/``, ``make reference``) printed each one,
+the table reads them from there, and the notebook sources name them as
+``{{ref:NAME}}``, which ``servelab notebooks build`` fills in (``fill``). A figure
+whose check in the reference run was inconclusive or failed is refused. After a new
+reference run, ``make notebooks`` rewrites the keys; until then
+``servelab notebooks check`` fails.
+
 A sentence anywhere in the kit that speaks of the earlier lab must name one of
 its published files recorded in ``EARLIER_LAB_FILES`` and quote only figures
 read from them (``provenance_problems``; tests/notebooks/test_provenance.py).
@@ -24,8 +32,10 @@ read from them (``provenance_problems``; tests/notebooks/test_provenance.py).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # --------------------------------------------------------------------------
 # Where figures come from
@@ -82,16 +92,16 @@ SOURCES = {
         files=("workspace/triton.ipynb", "models_staging/food_classifier/1/model.py"),
     ),
     "kit-cpu-fastapi": Source(
-        "this kit (ServeLab)", "CPU reference: the 2-core x86 machine the kit is tested on, no GPU",
-        "notebook 4's own `requests` loops against the local stack, measured 2026-11-23; this table is "
-        "the kit's record of them",
+        "this kit (ServeLab)", "CPU reference: the machine in docs/reference/manifest.json",
+        "the committed reference run, docs/reference/4_fastapi.ipynb: notebook 4's own `requests` loops "
+        "against the local stack, read from its printed output (PRINTED)",
         "the services as shipped: one single-threaded inference per core",
     ),
     "kit-cpu-triton": Source(
-        "this kit (ServeLab)", "CPU reference: the 2-core x86 machine the kit is tested on, no GPU",
-        "notebook 6's perf_analyzer cells (-b 1 and -b 16 at concurrency 1, count windows) against the "
-        "local Triton 2.51, food_classifier with one instance, measured 2026-11-23; this table is the "
-        "kit's record of them",
+        "this kit (ServeLab)", "CPU reference: the machine in docs/reference/manifest.json",
+        "the committed reference run, docs/reference/6_triton.ipynb: notebook 6's perf_analyzer cells (-b 1 "
+        "and -b 16 at concurrency 1, count windows) against the local Triton 2.51, food_classifier with one "
+        "instance, read from the check's printed line (PRINTED)",
         "models_staging/food_classifier/1/model.py as shipped: decodes every image of every request and "
         "runs them in one forward pass",
     ),
@@ -154,6 +164,86 @@ def _fig(name, value, unit, what, source, formula=""):
     return Figure(name, value, unit, what, source, formula)
 
 
+# --------------------------------------------------------------------------
+# Figures read from the committed reference run
+# --------------------------------------------------------------------------
+
+REFERENCE_DIR = Path(__file__).resolve().parents[2] / "docs" / "reference"
+# what servelab.course.lab.check prints (not imported: keep this module free of the notebooks' helpers)
+_SPOILED = ("? inconclusive", "✘ not what the lesson predicts")
+
+
+@dataclass(frozen=True)
+class Printed:
+    notebook: str   # docs/reference/<notebook>.ipynb
+    cell: str       # text in the source of the code cell that printed it
+    pattern: str    # a regex on that cell's printed output; group 1 is the figure
+
+
+PRINTED = {
+    "kit_pt_seq_p50_ms": Printed("4_fastapi", 'report("PyTorch, sequential"', r"median ([\d.]+) ms"),
+    "kit_pt_seq_rps": Printed("4_fastapi", 'report("PyTorch, sequential"', r"throughput ([\d.]+) requests/s"),
+    "kit_onnx_seq_p50_ms": Printed("4_fastapi", 'report("ONNX, sequential"', r"median ([\d.]+) ms"),
+    "kit_onnx_seq_rps": Printed("4_fastapi", 'report("ONNX, sequential"', r"throughput ([\d.]+) requests/s"),
+    "kit_py_c1_ips": Printed("6_triton", "in batches of 16", r"measured: ([\d.]+) infer/s unbatched vs"),
+    "kit_py_b16_ips": Printed("6_triton", "in batches of 16", r"unbatched vs ([\d.]+) in batches of 16"),
+}
+# figures derived from them: name -> (formula over PRINTED names, decimals)
+DERIVED_FROM_REFERENCE = {"kit_py_b16_gain": ("kit_py_b16_ips / kit_py_c1_ips", 2)}
+
+
+def _joined(x) -> str:
+    return "".join(x) if isinstance(x, list) else (x or "")
+
+
+def reference_values(reference_dir: Path = REFERENCE_DIR) -> dict[str, str]:
+    """Every ``PRINTED`` figure as the reference run in ``reference_dir`` printed it (its text), and
+    the ``DERIVED_FROM_REFERENCE`` ones. Raises ValueError when one is missing, or when the cell
+    that printed it also printed an inconclusive or failed check (not evidence)."""
+    cells: dict[str, list] = {}
+    values: dict[str, str] = {}
+    for name, where in PRINTED.items():
+        if where.notebook not in cells:
+            path = reference_dir / f"{where.notebook}.ipynb"
+            if not path.is_file():
+                raise ValueError(f"{name}: no {path} (run `make reference`)")
+            cells[where.notebook] = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        found = [c for c in cells[where.notebook] if c["cell_type"] == "code" and where.cell in _joined(c["source"])]
+        if len(found) != 1:
+            raise ValueError(f"{name}: {len(found)} code cells of {where.notebook} contain {where.cell!r}, not 1")
+        printed = "\n".join(_joined(o.get("text")) for o in found[0].get("outputs", []))
+        spoiled = [mark for mark in _SPOILED if mark in printed]
+        if spoiled:
+            raise ValueError(f"{name}: the reference run's cell printed {spoiled[0]!r}: not a figure for a key "
+                             "(run `make reference` again on a quiet machine)")
+        m = re.search(where.pattern, printed)
+        if not m:
+            raise ValueError(f"{name}: {where.pattern!r} not in what the reference's cell printed")
+        values[name] = m.group(1)
+    numbers = {k: float(v) for k, v in values.items()}
+    for name, (formula, decimals) in DERIVED_FROM_REFERENCE.items():
+        values[name] = f"{eval(formula, {'__builtins__': {}}, numbers):.{decimals}f}"  # our own formula
+    return values
+
+
+PLACEHOLDER = re.compile(r"\{\{ref:(\w+)\}\}")
+
+
+def fill(text: str, values: dict[str, str] | None = None) -> str:
+    """``text`` with each ``{{ref:NAME}}`` replaced by the reference run's figure (``values``, or
+    read from docs/reference/ when there is a placeholder and no values are given)."""
+    if not PLACEHOLDER.search(text):
+        return text
+    values = reference_values() if values is None else values
+    unknown = sorted({m.group(1) for m in PLACEHOLDER.finditer(text)} - set(values))
+    if unknown:
+        raise ValueError(f"{{{{ref:...}}}} names no reference figure: {', '.join(unknown)} (see PRINTED)")
+    return PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
+
+
+_REFERENCE = {name: float(text) for name, text in reference_values().items()}
+
+
 _FIGURES = [
     # ---- earlier lab, FastAPI (workspace/fastapi.ipynb) ----
     _fig("pt_seq_p50_ms", 17.2, "ms", "FastAPI + PyTorch, sequential: median latency (printed 17.2018)", "earlier-fastapi"),
@@ -171,9 +261,14 @@ _FIGURES = [
          "pt_seq_p50_ms / onnx_seq_p50_ms"),
     _fig("onnx_vs_pt_rps", 1.4, "x", "ONNX vs PyTorch: throughput ratio", "derived", "onnx_seq_rps / 57.16"),
     # ---- this kit, FastAPI on the CPU reference ----
-    _fig("kit_pt_seq_rps", 26, "req/s", "FastAPI + PyTorch, sequential, CPU reference", "kit-cpu-fastapi"),
-    _fig("kit_onnx_seq_rps", 44, "req/s", "FastAPI + ONNX, sequential, CPU reference", "kit-cpu-fastapi"),
-    _fig("kit_onnx_seq_p50_ms", 21, "ms", "FastAPI + ONNX, sequential, CPU reference: median", "kit-cpu-fastapi"),
+    _fig("kit_pt_seq_p50_ms", _REFERENCE["kit_pt_seq_p50_ms"], "ms", "FastAPI + PyTorch, sequential, CPU reference: "
+         "median", "kit-cpu-fastapi"),
+    _fig("kit_pt_seq_rps", _REFERENCE["kit_pt_seq_rps"], "req/s", "FastAPI + PyTorch, sequential, CPU reference",
+         "kit-cpu-fastapi"),
+    _fig("kit_onnx_seq_rps", _REFERENCE["kit_onnx_seq_rps"], "req/s", "FastAPI + ONNX, sequential, CPU reference",
+         "kit-cpu-fastapi"),
+    _fig("kit_onnx_seq_p50_ms", _REFERENCE["kit_onnx_seq_p50_ms"], "ms", "FastAPI + ONNX, sequential, CPU reference: "
+         "median", "kit-cpu-fastapi"),
     # ---- earlier lab, Triton Python backend (workspace/triton.ipynb) ----
     _fig("py_c1_rps", 51.5, "infer/s", "Python backend, 1 instance, concurrency 1 (printed 51.549)", "earlier-triton"),
     _fig("py_c1_compute_ms", 18.6, "ms", "Python backend, concurrency 1: compute infer (18570 usec)", "earlier-triton"),
@@ -211,12 +306,12 @@ _FIGURES = [
     _fig("py_db_max_batch", 7, "", "dynamic batching run: largest batch in batch_stats (sizes 1 to 7)",
          "earlier-triton"),
     # ---- this kit, Triton Python backend on the CPU reference ----
-    _fig("kit_py_c1_ips", 28, "infer/s", "food_classifier, 1 instance, -b 1, concurrency 1, CPU reference",
-         "kit-cpu-triton"),
-    _fig("kit_py_b16_ips", 25, "infer/s", "food_classifier, 1 instance, -b 16, concurrency 1, CPU reference",
-         "kit-cpu-triton"),
-    _fig("kit_py_b16_gain", 0.9, "x", "-b 16 vs -b 1 on the CPU reference", "derived",
-         "kit_py_b16_ips / kit_py_c1_ips"),
+    _fig("kit_py_c1_ips", _REFERENCE["kit_py_c1_ips"], "infer/s", "food_classifier, 1 instance, -b 1, concurrency 1, "
+         "CPU reference", "kit-cpu-triton"),
+    _fig("kit_py_b16_ips", _REFERENCE["kit_py_b16_ips"], "infer/s", "food_classifier, 1 instance, -b 16, "
+         "concurrency 1, CPU reference", "kit-cpu-triton"),
+    _fig("kit_py_b16_gain", _REFERENCE["kit_py_b16_gain"], "x", "-b 16 vs -b 1 on the CPU reference", "derived",
+         DERIVED_FROM_REFERENCE["kit_py_b16_gain"][0]),
     # ---- earlier lab, Triton ONNX backend ----
     _fig("onnx_c1_ips", 138.4, "infer/s", "ONNX backend, 1 instance, concurrency 1 (printed 138.444)", "earlier-triton"),
     _fig("onnx_c1_compute_ms", 4.57, "ms", "ONNX backend, concurrency 1: compute infer (4566 usec)", "earlier-triton"),
@@ -283,7 +378,7 @@ if len(FIGURES) != len(_FIGURES):
 
 KEYS: list[Key] = [
     Key("4_fastapi", "PyTorch, sequential",
-        ("pt_seq_p50_ms", "pt_seq_rps", "pt_seq_mean_ms", "kit_pt_seq_rps"),
+        ("pt_seq_p50_ms", "pt_seq_rps", "pt_seq_mean_ms", "kit_pt_seq_p50_ms", "kit_pt_seq_rps"),
         settings=(2, 100, 1)),
     Key("4_fastapi", "ONNX, sequential",
         ("pt_seq_p50_ms", "pt_seq_rps", "pt_seq_mean_ms", "onnx_seq_p50_ms", "onnx_seq_p95_ms", "onnx_seq_p99_ms",

@@ -77,13 +77,17 @@ def _cell_id(name: str, index: int, cell_type: str, source: str) -> str:
     return digest[:16]
 
 
-def build_notebook(source: Path, name: str | None = None):
-    """Read one MyST source and return a clean, deterministic nbformat v4.5 notebook."""
+def build_notebook(source: Path, name: str | None = None, figures: dict[str, str] | None = None):
+    """Read one MyST source and return a clean, deterministic nbformat v4.5 notebook. Its
+    ``{{ref:NAME}}`` placeholders (answer keys) get the reference run's figures: ``figures``, or
+    those docs/reference/ printed (servelab.course.answer_keys.fill)."""
     import jupytext
     import nbformat
 
+    from servelab.course import answer_keys
+
     name = name or source.stem
-    nb = jupytext.reads(source.read_text(encoding="utf-8"), fmt=SOURCE_FORMAT)
+    nb = jupytext.reads(answer_keys.fill(source.read_text(encoding="utf-8"), figures), fmt=SOURCE_FORMAT)
     nb.nbformat, nb.nbformat_minor = 4, 5
     nb.metadata = nbformat.from_dict({"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}})
     for index, cell in enumerate(nb.cells):
@@ -205,6 +209,12 @@ def pull(name: str, source_dir: Path = SOURCE_DIR, out_dir: Path | None = None) 
     if item is None:
         raise ValueError(f"no notebook named {name!r}")
     nb = nbformat.read(item.ipynb, as_version=4)
+    # a cell as built from the source keeps the source's text: its {{ref:...}} placeholders stay
+    template = jupytext.reads(item.source.read_text(encoding="utf-8"), fmt=SOURCE_FORMAT).cells
+    built = build_notebook(item.source, item.name).cells
+    for i, cell in enumerate(nb.cells):
+        if i < len(built) and cell.cell_type == built[i].cell_type and cell.source == built[i].source:
+            cell.source = template[i].source.strip("\n")
     for cell in nb.cells:
         keep = {k: cell.metadata[k] for k in KEPT_CELL_METADATA if cell.metadata.get(k)}
         cell.metadata = nbformat.from_dict(keep)

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from servelab.core import paths, procs
-from servelab.course import lab, notebooks
+from servelab.course import answer_keys, lab, notebooks
 
 COMMITTED_DIR = paths.REPO_ROOT / "docs" / "reference"
 MANIFEST = "manifest.json"
@@ -369,6 +369,19 @@ def build(reference_dir: Path = COMMITTED_DIR, scale: str = "lesson", log=print)
             (staged / f"{name}.ipynb").write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
             log(f"  {name}: {counts['passed']} checks passed, {counts['inconclusive']} inconclusive, "
                 f"{time.perf_counter() - t0:.0f} s")
+        # The answer keys quote this run's figures: its markdown cells get them now (the run executed
+        # the notebooks with the previous reference's figures in their keys)
+        figures = answer_keys.reference_values(staged)
+        for name in NOTEBOOKS:
+            path = staged / f"{name}.ipynb"
+            nb = nbformat.read(path, as_version=4)
+            fresh = notebooks.build_notebook(notebooks.SOURCE_DIR / f"{name}.md", name, figures).cells
+            if [c.cell_type for c in fresh] != [c.cell_type for c in nb.cells]:
+                raise RuntimeError(f"{name}: the executed notebook's cells differ from its source's")
+            for cell, new in zip(nb.cells, fresh):
+                if cell.cell_type == "markdown":
+                    cell.source = new.source
+            path.write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
         t0 = time.perf_counter()
         log(f"running the benchmark tour (scale {settings['tour']}) ...")
         manifest["tour"] = run_tour_into(staged / "tour", settings["tour"], work, log)
@@ -379,6 +392,9 @@ def build(reference_dir: Path = COMMITTED_DIR, scale: str = "lesson", log=print)
             shutil.rmtree(reference_dir)
         reference_dir.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(staged, reference_dir)
+    if reference_dir == COMMITTED_DIR:
+        for path in notebooks.build(quiet=True):  # the lab's answer keys now quote this run
+            log(f"rebuilt {path.relative_to(paths.REPO_ROOT)} (its answer keys quote the new reference)")
     return manifest
 
 

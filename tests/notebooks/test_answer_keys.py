@@ -5,6 +5,7 @@ should quote, or keep a derived figure its formula no longer gives."""
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 
@@ -74,3 +75,67 @@ def test_old_figures_the_issue_corrected_are_gone():
     assert "published no dynamic-batching figures" not in text
     assert "PyTorch, 16 clients" not in text
     assert "656.6" in text and "artifact" in text
+
+
+# ---- the CPU reference run's figures: read from docs/reference/, never typed in ----
+
+def _reference_copy(tmp_path):
+    dest = tmp_path / "reference"
+    shutil.copytree(answer_keys.REFERENCE_DIR, dest, ignore=shutil.ignore_patterns("tour"))
+    return dest
+
+
+def _edit_printed(reference, notebook, old, new):
+    path = reference / f"{notebook}.ipynb"
+    text = path.read_text(encoding="utf-8")
+    assert text.count(old) == 1, old
+    path.write_text(text.replace(old, new), encoding="utf-8")
+
+
+def test_the_keys_quote_what_the_committed_reference_printed():
+    values = answer_keys.reference_values()
+    assert set(values) == set(answer_keys.PRINTED) | set(answer_keys.DERIVED_FROM_REFERENCE)
+    keys = "\n".join(text for _, _, text in CELLS)
+    for name, text in values.items():
+        assert answer_keys.FIGURES[name].value == float(text)
+        assert f"| {text} " in keys or f"{text}×" in keys, name
+    sources = "".join(item.source.read_text() for item in notebooks.notebooks())
+    assert set(answer_keys.PLACEHOLDER.findall(sources)) == set(values)   # each figure quoted, none typed in
+
+
+def test_a_new_reference_changes_the_key_and_the_committed_notebook_no_longer_matches(tmp_path):
+    reference = _reference_copy(tmp_path)
+    pt_rps = answer_keys.reference_values()["kit_pt_seq_rps"]
+    _edit_printed(reference, "4_fastapi", f"throughput {pt_rps} requests/s", "throughput 123.4 requests/s")
+    values = answer_keys.reference_values(reference)
+    assert values["kit_pt_seq_rps"] == "123.4"
+    item = next(i for i in notebooks.notebooks() if i.name == "4_fastapi")
+    rebuilt = notebooks.render(notebooks.build_notebook(item.source, item.name, values))
+    assert "| 123.4 requests/s |" in rebuilt and rebuilt != item.ipynb.read_text(encoding="utf-8")
+
+
+def test_a_figure_from_an_inconclusive_or_failed_check_is_refused(tmp_path):
+    reference = _reference_copy(tmp_path)
+    _edit_printed(reference, "6_triton", "✔ as expected: on a CPU a batch of 16",
+                  "? inconclusive: the machine was busy: on a CPU a batch of 16")
+    with pytest.raises(ValueError, match="kit_py_c1_ips: .*inconclusive"):
+        answer_keys.reference_values(reference)
+    with pytest.raises(ValueError, match="no .*6_triton.ipynb"):
+        (reference / "6_triton.ipynb").unlink()
+        answer_keys.reference_values(reference)
+
+
+def test_an_unknown_placeholder_is_an_error():
+    with pytest.raises(ValueError, match="kit_nothing"):
+        answer_keys.fill("| {{ref:kit_nothing}} ms |", {"kit_pt_seq_rps": "1.0"})
+    assert answer_keys.fill("no placeholder", {}) == "no placeholder"
+
+
+def test_pull_keeps_the_placeholders(tmp_path):
+    src, out = tmp_path / "src", tmp_path
+    shutil.copytree(notebooks.SOURCE_DIR, src)
+    for item in notebooks.notebooks():
+        shutil.copy(item.ipynb, out / item.ipynb.name)
+    notebooks.pull("4_fastapi", source_dir=src, out_dir=out)
+    pulled = (src / "4_fastapi.md").read_text()
+    assert "{{ref:kit_pt_seq_rps}}" in pulled and "{{ref:kit_onnx_seq_p50_ms}}" in pulled
