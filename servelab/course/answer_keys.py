@@ -114,10 +114,9 @@ SOURCES = {
         "added 0.0-0.3 ms at b=1 and 0.9 ms at b=16. The script that measured it is not in the kit",
     ),
     "kit-cpu-pipeline": Source(
-        "this kit (ServeLab)", "CPU reference: the 2-core x86 machine the kit is tested on, no GPU, shared with "
-        "other work during the run (every timed run was flagged inconclusive)",
-        "notebook 6a executed by tests/notebooks/test_6a_triton_pipeline.py at reduced size (24 requests per "
-        "closed-loop run, 2 loads per warm-up arm, an 8 s rollout) against the local Triton 2.51, 2026-11-26",
+        "this kit (ServeLab)", "CPU reference: the machine in docs/reference/manifest.json",
+        "the committed reference run, docs/reference/6a_triton_pipeline.ipynb: notebook 6a against the local "
+        "Triton 2.51, read from its checks' printed lines (PRINTED)",
         "models_staging as shipped: food_pipeline, food_classifier (1 copy), food_classifier_onnx (1 copy)",
     ),
     "kit-ma-spike": Source(
@@ -187,6 +186,29 @@ PRINTED = {
     "kit_onnx_seq_rps": Printed("4_fastapi", 'report("ONNX, sequential"', r"throughput ([\d.]+) requests/s"),
     "kit_py_c1_ips": Printed("6_triton", "in batches of 16", r"measured: ([\d.]+) infer/s unbatched vs"),
     "kit_py_b16_ips": Printed("6_triton", "in batches of 16", r"unbatched vs ([\d.]+) in batches of 16"),
+    # notebook 6a: its checks' "measured:" lines (and the lines the same cell printed)
+    "pipe_kb_python": Printed("6a_triton_pipeline", "the JPEG's bytes are the smallest", r"\bpython ([\d.]+) KB"),
+    "pipe_kb_onnx": Printed("6a_triton_pipeline", "the JPEG's bytes are the smallest", r"client\+onnx ([\d.]+) KB"),
+    "pipe_kb_ensemble": Printed("6a_triton_pipeline", "the JPEG's bytes are the smallest", r"\bensemble ([\d.]+) KB"),
+    "pipe_cpu_onnx_ms": Printed("6a_triton_pipeline", "the JPEG's bytes are the smallest",
+                                r"measured: .*client\+onnx ([\d.]+) ms"),
+    "pipe_c1_p50_ensemble": Printed("6a_triton_pipeline", "at 16 clients the ensemble", r"p50 ([\d.]+) ms \(ensemble\)"),
+    "pipe_c1_p50_onnx": Printed("6a_triton_pipeline", "at 16 clients the ensemble", r"vs ([\d.]+) ms \(client\+onnx"),
+    "pipe_c16_rps_ensemble": Printed("6a_triton_pipeline", "at 16 clients the ensemble",
+                                     r"measured: ensemble ([\d.]+) req/s"),
+    "pipe_c16_pred_ensemble": Printed("6a_triton_pipeline", "at 16 clients the ensemble",
+                                      r"measured: ensemble [\d.]+ req/s \(predicted ([\d.]+)\)"),
+    "pipe_c16_rps_python": Printed("6a_triton_pipeline", "at 16 clients the ensemble", r"Python model ([\d.]+) req/s"),
+    "pipe_c16_pred_python": Printed("6a_triton_pipeline", "at 16 clients the ensemble",
+                                    r"Python model [\d.]+ req/s \(predicted ([\d.]+)\)"),
+    "warm_first_without_ms": Printed("6a_triton_pipeline", "first_request_after_load(",
+                                     r"without model_warmup: first request +([\d.]+) ms"),
+    "warm_steady_without_ms": Printed("6a_triton_pipeline", "first_request_after_load(",
+                                      r"without model_warmup: first request +[\d.]+ ms, then +([\d.]+) ms"),
+    "warm_first_with_ms": Printed("6a_triton_pipeline", "first_request_after_load(",
+                                  r"\bwith +model_warmup: first request +([\d.]+) ms"),
+    "rollout_ok": Printed("6a_triton_pipeline", "rollouts.rollout(", r"(\d+) answered, 0 failed at"),
+    "rollout_rate": Printed("6a_triton_pipeline", "rollouts.rollout(", r"answered, 0 failed at ([\d.]+) requests/s"),
 }
 # figures derived from them: name -> (formula over PRINTED names, decimals)
 DERIVED_FROM_REFERENCE = {"kit_py_b16_gain": ("kit_py_b16_ips / kit_py_c1_ips", 2)}
@@ -196,33 +218,47 @@ def _joined(x) -> str:
     return "".join(x) if isinstance(x, list) else (x or "")
 
 
-def reference_values(reference_dir: Path = REFERENCE_DIR) -> dict[str, str]:
+MISSING = "?"   # a figure the reference does not give (only while it is being made: the tests fail on one)
+
+
+def reference_values(reference_dir: Path = REFERENCE_DIR, strict: bool = True) -> dict[str, str]:
     """Every ``PRINTED`` figure as the reference run in ``reference_dir`` printed it (its text), and
     the ``DERIVED_FROM_REFERENCE`` ones. Raises ValueError when one is missing, or when the cell
-    that printed it also printed an inconclusive or failed check (not evidence)."""
+    that printed it also printed an inconclusive or failed check (not evidence); with
+    ``strict=False`` such a figure reads ``MISSING`` instead (the table at import: a notebook new to
+    the reference has none until ``make reference`` runs it)."""
     cells: dict[str, list] = {}
     values: dict[str, str] = {}
     for name, where in PRINTED.items():
-        if where.notebook not in cells:
-            path = reference_dir / f"{where.notebook}.ipynb"
-            if not path.is_file():
-                raise ValueError(f"{name}: no {path} (run `make reference`)")
-            cells[where.notebook] = json.loads(path.read_text(encoding="utf-8"))["cells"]
-        found = [c for c in cells[where.notebook] if c["cell_type"] == "code" and where.cell in _joined(c["source"])]
-        if len(found) != 1:
-            raise ValueError(f"{name}: {len(found)} code cells of {where.notebook} contain {where.cell!r}, not 1")
-        printed = "\n".join(_joined(o.get("text")) for o in found[0].get("outputs", []))
-        spoiled = [mark for mark in _SPOILED if mark in printed]
-        if spoiled:
-            raise ValueError(f"{name}: the reference run's cell printed {spoiled[0]!r}: not a figure for a key "
-                             "(run `make reference` again on a quiet machine)")
-        m = re.search(where.pattern, printed)
-        if not m:
-            raise ValueError(f"{name}: {where.pattern!r} not in what the reference's cell printed")
-        values[name] = m.group(1)
-    numbers = {k: float(v) for k, v in values.items()}
+        try:
+            if where.notebook not in cells:
+                path = reference_dir / f"{where.notebook}.ipynb"
+                if not path.is_file():
+                    raise ValueError(f"{name}: no {path} (run `make reference`)")
+                cells[where.notebook] = json.loads(path.read_text(encoding="utf-8"))["cells"]
+            found = [c for c in cells[where.notebook]
+                     if c["cell_type"] == "code" and where.cell in _joined(c["source"])]
+            if len(found) != 1:
+                raise ValueError(f"{name}: {len(found)} code cells of {where.notebook} contain {where.cell!r}, not 1")
+            printed = "\n".join(_joined(o.get("text")) for o in found[0].get("outputs", []))
+            spoiled = [mark for mark in _SPOILED if mark in printed]
+            if spoiled:
+                raise ValueError(f"{name}: the reference run's cell printed {spoiled[0]!r}: not a figure for a key "
+                                 "(run `make reference` again on a quiet machine)")
+            m = re.search(where.pattern, printed)
+            if not m:
+                raise ValueError(f"{name}: {where.pattern!r} not in what the reference's cell printed")
+            values[name] = m.group(1)
+        except ValueError:
+            if strict:
+                raise
+            values[name] = MISSING
+    numbers = {k: float(v) for k, v in values.items() if v != MISSING}
     for name, (formula, decimals) in DERIVED_FROM_REFERENCE.items():
-        values[name] = f"{eval(formula, {'__builtins__': {}}, numbers):.{decimals}f}"  # our own formula
+        try:
+            values[name] = f"{eval(formula, {'__builtins__': {}}, numbers):.{decimals}f}"  # our own formula
+        except NameError:
+            values[name] = MISSING
     return values
 
 
@@ -234,14 +270,15 @@ def fill(text: str, values: dict[str, str] | None = None) -> str:
     read from docs/reference/ when there is a placeholder and no values are given)."""
     if not PLACEHOLDER.search(text):
         return text
-    values = reference_values() if values is None else values
+    values = reference_values(strict=False) if values is None else values
     unknown = sorted({m.group(1) for m in PLACEHOLDER.finditer(text)} - set(values))
     if unknown:
         raise ValueError(f"{{{{ref:...}}}} names no reference figure: {', '.join(unknown)} (see PRINTED)")
     return PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
 
 
-_REFERENCE = {name: float(text) for name, text in reference_values().items()}
+_REFERENCE = {name: float("nan" if text == MISSING else text)
+              for name, text in reference_values(strict=False).items()}
 
 
 _FIGURES = [
@@ -329,32 +366,23 @@ _FIGURES = [
     _fig("h100_b16_ms", 2.8, "ms", "PyTorch fp32 forward pass, batch of 16, NVIDIA H100 (GPU_REFERENCE_MS[16] = 2.80)",
          "kit-gpu-batchcost"),
 ]
-# ---- this kit, notebook 6a (kit-cpu-pipeline) ----
+# ---- this kit, notebook 6a (kit-cpu-pipeline): read from the committed reference run ----
 _FIGURES += [
-    _fig("pipe_kb_python", 27.1, "KB", "Python model: request size (base64 JPEG)", "kit-cpu-pipeline"),
-    _fig("pipe_kb_onnx", 588.4, "KB", "client + ONNX: request size (float32 tensor)", "kit-cpu-pipeline"),
-    _fig("pipe_kb_ensemble", 20.5, "KB", "ensemble: request size (JPEG bytes)", "kit-cpu-pipeline"),
-    _fig("pipe_cpu_onnx_ms", 3.7, "ms", "client + ONNX: client CPU per request", "kit-cpu-pipeline"),
-    _fig("pipe_c1_p50_python", 67, "ms", "Python model, 1 client: p50", "kit-cpu-pipeline"),
-    _fig("pipe_c1_p50_onnx", 27, "ms", "client + ONNX, 1 client: p50", "kit-cpu-pipeline"),
-    _fig("pipe_c1_p50_ensemble", 29, "ms", "ensemble, 1 client: p50", "kit-cpu-pipeline"),
-    _fig("pipe_preprocess_ms", 6.1, "ms", "ensemble, 1 client: food_preprocess compute per request", "kit-cpu-pipeline"),
-    _fig("pipe_c8_rps_python", 18.1, "req/s", "Python model, 8 clients: throughput", "kit-cpu-pipeline"),
-    _fig("pipe_c8_rps_onnx", 38.3, "req/s", "client + ONNX, 8 clients: throughput", "kit-cpu-pipeline"),
-    _fig("pipe_c8_rps_ensemble", 52.5, "req/s", "ensemble, 8 clients: throughput", "kit-cpu-pipeline"),
-    _fig("pipe_c8_pred_python", 14.4, "req/s", "Python model: predicted throughput at 8 clients", "kit-cpu-pipeline"),
-    _fig("pipe_c8_pred_onnx", 38.2, "req/s", "client + ONNX: predicted throughput at 8 clients", "kit-cpu-pipeline"),
-    _fig("pipe_c8_pred_ensemble", 51.8, "req/s", "ensemble: predicted throughput at 8 clients", "kit-cpu-pipeline"),
-    _fig("warm_first_without_ms", 134, "ms", "first request after a load, no model_warmup", "kit-cpu-pipeline"),
-    _fig("warm_first_with_ms", 74, "ms", "first request after a load, with model_warmup", "kit-cpu-pipeline"),
-    _fig("warm_steady_ms", 60, "ms", "the requests after the first", "kit-cpu-pipeline"),
-    _fig("rollout_ok", 153, "requests", "rollout: answered", "kit-cpu-pipeline"),
-    _fig("rollout_rate", 19.1, "req/s", "rollout: Poisson rate", "kit-cpu-pipeline"),
-    _fig("rollout_v1", 83, "requests", "rollout: answered by version 1", "kit-cpu-pipeline"),
-    _fig("rollout_v2", 70, "requests", "rollout: answered by version 2", "kit-cpu-pipeline"),
-    _fig("rollout_stats_v1", 63, "requests", "rollout: version 1 in Triton's statistics", "kit-cpu-pipeline"),
-    _fig("rollout_unseen", 20, "requests", "rollout: served while version 1 reloaded", "derived",
-         "rollout_v1 - rollout_stats_v1"),
+    _fig("pipe_kb_python", _REFERENCE["pipe_kb_python"], "KB", "Python model: request size (base64 JPEG)", "kit-cpu-pipeline"),
+    _fig("pipe_kb_onnx", _REFERENCE["pipe_kb_onnx"], "KB", "client + ONNX: request size (float32 tensor)", "kit-cpu-pipeline"),
+    _fig("pipe_kb_ensemble", _REFERENCE["pipe_kb_ensemble"], "KB", "ensemble: request size (JPEG bytes)", "kit-cpu-pipeline"),
+    _fig("pipe_cpu_onnx_ms", _REFERENCE["pipe_cpu_onnx_ms"], "ms", "client + ONNX: client CPU per request", "kit-cpu-pipeline"),
+    _fig("pipe_c1_p50_onnx", _REFERENCE["pipe_c1_p50_onnx"], "ms", "client + ONNX, 1 client: p50", "kit-cpu-pipeline"),
+    _fig("pipe_c1_p50_ensemble", _REFERENCE["pipe_c1_p50_ensemble"], "ms", "ensemble, 1 client: p50", "kit-cpu-pipeline"),
+    _fig("pipe_c16_rps_python", _REFERENCE["pipe_c16_rps_python"], "req/s", "Python model, 16 clients: throughput", "kit-cpu-pipeline"),
+    _fig("pipe_c16_pred_python", _REFERENCE["pipe_c16_pred_python"], "req/s", "Python model: predicted throughput at 16 clients", "kit-cpu-pipeline"),
+    _fig("pipe_c16_rps_ensemble", _REFERENCE["pipe_c16_rps_ensemble"], "req/s", "ensemble, 16 clients: throughput", "kit-cpu-pipeline"),
+    _fig("pipe_c16_pred_ensemble", _REFERENCE["pipe_c16_pred_ensemble"], "req/s", "ensemble: predicted throughput at 16 clients", "kit-cpu-pipeline"),
+    _fig("warm_first_without_ms", _REFERENCE["warm_first_without_ms"], "ms", "first request after a load, no model_warmup (median over loads)", "kit-cpu-pipeline"),
+    _fig("warm_steady_without_ms", _REFERENCE["warm_steady_without_ms"], "ms", "the requests after the first, no model_warmup", "kit-cpu-pipeline"),
+    _fig("warm_first_with_ms", _REFERENCE["warm_first_with_ms"], "ms", "first request after a load, with model_warmup (median over loads)", "kit-cpu-pipeline"),
+    _fig("rollout_ok", _REFERENCE["rollout_ok"], "requests", "rollout: answered (0 failed)", "kit-cpu-pipeline"),
+    _fig("rollout_rate", _REFERENCE["rollout_rate"], "req/s", "rollout: Poisson rate", "kit-cpu-pipeline"),
 ]
 
 _FIGURES += [
@@ -421,14 +449,13 @@ KEYS: list[Key] = [
 
 KEYS += [
     Key("6a_triton_pipeline", "the three ways",
-        ("pipe_kb_python", "pipe_kb_onnx", "pipe_kb_ensemble", "pipe_cpu_onnx_ms", "pipe_c1_p50_python",
-         "pipe_c1_p50_onnx", "pipe_c1_p50_ensemble", "pipe_preprocess_ms", "pipe_c8_rps_python", "pipe_c8_rps_onnx",
-         "pipe_c8_rps_ensemble", "pipe_c8_pred_python", "pipe_c8_pred_onnx", "pipe_c8_pred_ensemble"),
-        settings=(2, 2026, 24, 1, 8, 16, 0)),
+        ("pipe_kb_python", "pipe_kb_onnx", "pipe_kb_ensemble", "pipe_cpu_onnx_ms", "pipe_c1_p50_onnx",
+         "pipe_c1_p50_ensemble", "pipe_c16_rps_python", "pipe_c16_pred_python", "pipe_c16_rps_ensemble",
+         "pipe_c16_pred_ensemble"),
+        settings=(1, 8, 16, 0)),
     Key("6a_triton_pipeline", "warm-up and rollout",
-        ("warm_first_without_ms", "warm_first_with_ms", "warm_steady_ms", "rollout_ok", "rollout_rate",
-         "rollout_v1", "rollout_v2", "rollout_stats_v1", "rollout_unseen"),
-        settings=(2, 8, 0, 1)),
+        ("warm_first_without_ms", "warm_steady_without_ms", "warm_first_with_ms", "rollout_ok", "rollout_rate"),
+        settings=(1, 2, 0)),
     Key("6b_model_analyzer", "what the model predicts", ("h100_b1_ms", "h100_b16_ms"), settings=(2, 16, 1)),
     Key("6b_model_analyzer", "agreement", ("ma_spike_default_ips",), settings=(3, 32, 0, 1, 2, 1.5)),
 ]

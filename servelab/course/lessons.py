@@ -90,7 +90,7 @@ _LESSONS = (
            "perf_analyzer, instance groups, ONNX backend, dynamic batching, queueing model", local=True),
     Lesson("6a", "6a_triton_pipeline", "container", "preprocessing on the server (ensemble), warm-up in the config, model versions", local=True),
     Lesson("6b", "6b_model_analyzer", "container",
-           "Model Analyzer searches the configurations; the queueing model predicts its ranking", local=True),
+           "Model Analyzer searches the configurations; the queueing model ranks them too, side by side", local=True),
     Lesson("6c", "6c_scale_out", "container",
            "Triton replicas behind HAProxy, Prometheus, one queue vs many, the autoscaler's rule", local=True),
     Lesson("6d", "6d_kubernetes", "node", "optional: the same service on k3s, with an autoscaler on queue time"),

@@ -47,7 +47,7 @@ from servelab.course import answer_keys, lab, notebooks
 COMMITTED_DIR = paths.REPO_ROOT / "docs" / "reference"
 MANIFEST = "manifest.json"
 NOTE = "CPU reference: your numbers will differ"
-NOTEBOOKS = ("4_fastapi", "6_triton")
+NOTEBOOKS = ("4_fastapi", "6_triton", "6a_triton_pipeline")
 
 # Trimming: a stream output longer than this keeps its head and tail.
 MAX_LINES, HEAD_LINES, TAIL_LINES = 80, 60, 15
@@ -55,8 +55,8 @@ KEPT_MIME = ("image/png", "text/plain")
 
 # Environment per scale and notebook (the notebooks read these; unset = the lesson's own counts).
 SCALES = {
-    "lesson": {"tour": 1.0, "4_fastapi": {}, "6_triton": {}, "6b_model_analyzer": {}, "6c_scale_out": {},
-               "6e_accelerate": {}},
+    "lesson": {"tour": 1.0, "4_fastapi": {}, "6_triton": {}, "6a_triton_pipeline": {}, "6b_model_analyzer": {},
+               "6c_scale_out": {}, "6e_accelerate": {}},
     "reduced": {  # the notebook tests run at these sizes (tests/notebooks/test_measurement_notebooks.py)
         "tour": 0.3,
         "4_fastapi": {"SERVELAB_NB_SEQUENTIAL": "20", "SERVELAB_NB_CONCURRENT": "48", "SERVELAB_NB_SWEEP": "32"},
@@ -311,6 +311,23 @@ def run_6_triton(env_extra: dict, work: Path, log):
                            "6_triton", work / "results-6", log)
 
 
+def run_6a_triton_pipeline(env_extra: dict, work: Path, log):
+    """Against the real local Triton serving a private copy of models_staging/ (the notebook reloads
+    models, adds a version policy and puts it back)."""
+    from servelab import triton
+    from servelab.core import procs
+
+    repo = work / "models-6a"
+    shutil.copytree(paths.REPO_ROOT / "models_staging", repo, ignore=shutil.ignore_patterns("__pycache__"))
+    ports = [procs.free_port() for _ in range(3)]
+    with triton.running(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
+        env = kernel_env(TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_ADMIN_KEY=t.admin_key,
+                         TRITON_MODEL_REPOSITORY=str(repo), SERVELAB_RESULTS_DIR=str(work / "results-6a"),
+                         **env_extra)
+        return _with_retry(lambda: run_notebook("6a_triton_pipeline", env), "6a_triton_pipeline",
+                           work / "results-6a", log)
+
+
 def run_tour_into(dest: Path, scale: float, work: Path, log) -> dict:
     # `servelab tour` in its own process: the tour stands above the lab's text in the kit's layers
     # (CONTRIBUTING.md), so this module runs it by command rather than importing it.
@@ -351,7 +368,8 @@ def build(reference_dir: Path = COMMITTED_DIR, scale: str = "lesson", log=print)
         work = Path(tmp)
         staged = work / "staged"
         staged.mkdir()
-        runners = {"4_fastapi": run_4_fastapi, "6_triton": run_6_triton}
+        runners = {"4_fastapi": run_4_fastapi, "6_triton": run_6_triton,
+                   "6a_triton_pipeline": run_6a_triton_pipeline}
         for name in NOTEBOOKS:
             t0 = time.perf_counter()
             log(f"running {name} against the local stack ({scale} scale) ...")
