@@ -64,3 +64,48 @@ def test_save_says_how_to_fetch_the_zip_before_the_lease_ends(tmp_path, monkeypa
     assert lines[2].lstrip().startswith("⚠ lease clock:")
     outside = handin.where_to_fetch(tmp_path / "elsewhere.zip", root=kit)
     assert outside == [f"download it now: {(tmp_path / 'elsewhere.zip').resolve()}"]
+
+
+def test_collect_reads_a_class_of_zips_without_extracting_them(tmp_path, monkeypatch, capsys):
+    """The instructor's side: one folder per student; checks and written answers per notebook; a broken
+    zip, a zip without a notebook and a zip bomb are each listed with the reason, and nothing is unpacked."""
+    from servelab.core import paths
+
+    nb = json.loads((paths.REPO_ROOT / "notebooks" / "6_triton.ipynb").read_text())
+    answers = [c for c in nb["cells"] if "answer" in c["metadata"].get("tags", [])]
+    assert len(answers) == 5
+    answers[0]["source"] = "Queue 260 ms, compute 40 ms: the requests waited."
+    answers[3]["source"] = "Two copies overlapped."
+    code = next(c for c in nb["cells"] if c["cell_type"] == "code")
+    code["outputs"] = [{"output_type": "stream", "name": "stdout",
+                        "text": "✔ as expected: a\n✔ as expected: b\n? inconclusive: the machine was busy: c\n"}]
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "6_triton.ipynb").write_text(json.dumps(nb))
+    monkeypatch.setenv("SERVELAB_RESULTS_DIR", str(tmp_path / "class" / "alice"))
+    handin.save("6_triton", {}, notebook_dir=work, now=dt.datetime(2026, 11, 28, 9, 0, 0, tzinfo=dt.timezone.utc))
+    (tmp_path / "class" / "bob").mkdir()
+    (tmp_path / "class" / "bob" / "broken.zip").write_bytes(b"PK\x03\x04 not a zip")
+    with zipfile.ZipFile(tmp_path / "class" / "bob" / "empty.zip", "w") as z:
+        z.writestr("x/README.txt", "nothing")
+    with zipfile.ZipFile(tmp_path / "class" / "bob" / "bomb.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("x/6_triton.ipynb", b"\0" * (handin.MAX_MEMBER_BYTES + 1))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+    rows = handin.collect(tmp_path / "class")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before   # nothing extracted
+    good = [r for r in rows if "error" not in r]
+    assert len(good) == 1 and good[0]["zip"].startswith("alice/6_triton-20261128-090000")
+    assert good[0]["checks"] == {"passed": 2, "failed": 0, "inconclusive": 1}
+    assert good[0]["answers"] == 5 and good[0]["written"] == ["Queue 260 ms, compute 40 ms: the requests waited.",
+                                                               "Two copies overlapped."]
+    assert good[0]["saved"].startswith("6_triton, saved 2026-11-28T09:00:00")
+    errors = {r["zip"]: r["error"] for r in rows if "error" in r}
+    assert set(errors) == {"bob/broken.zip", "bob/empty.zip", "bob/bomb.zip"}
+    assert "BadZipFile" in errors["bob/broken.zip"] and "no notebook" in errors["bob/empty.zip"]
+    assert "more than" in errors["bob/bomb.zip"]
+    page = handin.report(rows)
+    assert "| 2 / 0 / 1 | 2 of 5 |" in page and "1. Queue 260 ms" in page and "2. Two copies overlapped." in page
+    capsys.readouterr()
+    assert handin.main(["collect", str(tmp_path / "class"), "--out", str(tmp_path / "grading.md")]) == 0
+    assert (tmp_path / "grading.md").read_text() == page == capsys.readouterr().out

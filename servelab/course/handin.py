@@ -127,3 +127,107 @@ def where_to_fetch(archive: Path, root: Path | None = None) -> list[str]:
                      "copy every results/ zip there, any time, and delete nothing.")
         lines.append("  " + clock)
     return lines
+
+
+# --------------------------------------------------------------------------
+# Collecting a class's zips (the instructor's side: docs/instructor-guide.md)
+#
+#     python -m servelab.course.handin collect FOLDER [--out grading.md]
+
+# What a zip may hold before it is refused unread: students upload these files, so nothing in one is
+# extracted to disk, and no member is read past this size (a zip bomb stops here).
+MAX_MEMBER_BYTES = 64 * 1024 * 1024
+CHECK_MARKS = {"passed": "✔ as expected", "failed": "✘ not what the lesson predicts", "inconclusive": "? inconclusive"}
+UNWRITTEN = "double-click here and write it"   # the text an answer cell starts with (notebooks/src)
+
+
+def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    if info.file_size > MAX_MEMBER_BYTES:
+        raise ValueError(f"{info.filename}: {info.file_size} bytes unpacked, more than {MAX_MEMBER_BYTES}")
+    with z.open(info) as f:
+        data = f.read(MAX_MEMBER_BYTES + 1)   # the header's size may lie: never read past the limit
+    if len(data) > MAX_MEMBER_BYTES:
+        raise ValueError(f"{info.filename}: more than {MAX_MEMBER_BYTES} bytes unpacked")
+    return data
+
+
+def _text(x) -> str:
+    return "".join(x) if isinstance(x, list) else (x or "")
+
+
+def summarize(nb: dict) -> dict:
+    """One saved notebook: its checks as printed (✔ / ✘ / ?) and its answer cells, written or not."""
+    printed = "\n".join(_text(o.get("text")) for c in nb.get("cells", []) if c.get("cell_type") == "code"
+                        for o in c.get("outputs", []))
+    checks = {k: printed.count(mark) for k, mark in CHECK_MARKS.items()}
+    answers = [_text(c.get("source")).strip() for c in nb.get("cells", [])
+               if c.get("cell_type") == "markdown" and "answer" in (c.get("metadata", {}).get("tags") or [])]
+    written = [a for a in answers if UNWRITTEN not in a]
+    outputs = sum(len(c.get("outputs", [])) for c in nb.get("cells", []) if c.get("cell_type") == "code")
+    return {"checks": checks, "answers": len(answers), "written": written, "outputs": outputs}
+
+
+def collect(folder: Path) -> list[dict]:
+    """Every hand-in zip under ``folder`` (any depth, e.g. one folder per student), read without
+    extracting: per zip and notebook, when it was saved, its checks and its written answers. A zip
+    that cannot be read is listed with the reason."""
+    rows = []
+    for archive in sorted(Path(folder).rglob("*.zip")):
+        rel = archive.relative_to(folder).as_posix()
+        try:
+            with zipfile.ZipFile(archive) as z:
+                members = {i.filename: i for i in z.infolist() if not i.is_dir()}
+                found = False
+                for name, info in sorted(members.items()):
+                    if not name.endswith(".ipynb"):
+                        continue
+                    found = True
+                    nb = json.loads(_read_member(z, info).decode("utf-8"))
+                    readme = members.get(name.rsplit("/", 1)[0] + "/README.txt") if "/" in name else None
+                    saved = _read_member(z, readme).decode("utf-8", "replace").splitlines()[0] if readme else ""
+                    rows.append({"zip": rel, "notebook": Path(name).stem, "saved": saved, **summarize(nb)})
+                if not found:
+                    rows.append({"zip": rel, "error": "no notebook (.ipynb) in it"})
+        except (zipfile.BadZipFile, ValueError, UnicodeDecodeError, OSError) as err:
+            rows.append({"zip": rel, "error": f"{type(err).__name__}: {err}"[:300]})
+    return rows
+
+
+def report(rows: list[dict]) -> str:
+    """A grader's page: one table row per notebook handed in, then each one's written answers."""
+    out = ["| zip | notebook | checks ✔ / ✘ / ? | answers written | cell outputs |", "|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['zip']} | (unreadable: {r['error']}) | | | |")
+            continue
+        c = r["checks"]
+        out.append(f"| {r['zip']} | {r['notebook']} | {c['passed']} / {c['failed']} / {c['inconclusive']} | "
+                   f"{len(r['written'])} of {r['answers']} | {r['outputs']} |")
+    for r in rows:
+        if r.get("written"):
+            out += ["", f"## {r['zip']}: {r['notebook']}", ""]
+            out += [f"{i}. {a}" for i, a in enumerate(r["written"], 1)]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m servelab.course.handin",
+                                description="Read a class's hand-in zips: checks and written answers per notebook.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect", help="summarize every .zip under FOLDER (nothing is extracted)")
+    c.add_argument("folder", type=Path)
+    c.add_argument("--out", type=Path, help="write the page here too (markdown)")
+    args = p.parse_args(argv)
+    if not args.folder.is_dir():
+        p.error(f"{args.folder}: not a folder")
+    page = report(collect(args.folder))
+    print(page, end="")
+    if args.out:
+        args.out.write_text(page, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -35,6 +35,11 @@ KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "nam
 
 README = paths.REPO_ROOT / "README.md"
 
+# The student edition: every notebook without its answer-key cells (not committed; an instructor
+# hands these out, e.g. as a Trovi artifact, and keeps the keys: docs/instructor-guide.md).
+STUDENT_DIR = paths.REPO_ROOT / "dist" / "student-edition"
+ANSWER_KEY_TAG = "answer-key"
+
 # Only cell metadata worth keeping in the .ipynb.
 KEPT_CELL_METADATA = ("tags",)
 
@@ -103,6 +108,16 @@ def build_notebook(source: Path, name: str | None = None, figures: dict[str, str
     return nb
 
 
+def student_edition(nb):
+    """A copy of a built notebook without its answer-key cells (their ids are kept: a cell's id
+    names the same cell in both editions)."""
+    import copy
+
+    out = copy.deepcopy(nb)
+    out.cells = [c for c in out.cells if ANSWER_KEY_TAG not in c.get("metadata", {}).get("tags", [])]
+    return out
+
+
 def render(nb) -> str:
     """The exact text written to disk (nbformat's JSON layout plus a newline)."""
     import nbformat
@@ -122,9 +137,12 @@ def _tables(source_dir: Path, readme: Path | None) -> list[tuple[Path, str, str]
 
 
 def build(source_dir: Path = SOURCE_DIR, out_dir: Path | None = None, quiet: bool = False,
-          readme: Path | None = None) -> list[Path]:
+          readme: Path | None = None, student_dir: Path | None = None) -> list[Path]:
     """Write the lesson tables (in the sources, and ``readme`` when given), then every
-    notebook whose bytes would change; return the paths written."""
+    notebook whose bytes would change, and the student edition of each (``student_dir``: by
+    default dist/student-edition/, or <out_dir>/student-edition/ beside notebooks built
+    elsewhere); return the committed paths written."""
+    student_dir = student_dir or (STUDENT_DIR if out_dir is None else out_dir / "student-edition")
     written = []
     for path, old, new in _tables(source_dir, readme):
         if new != old:
@@ -132,8 +150,11 @@ def build(source_dir: Path = SOURCE_DIR, out_dir: Path | None = None, quiet: boo
             written.append(path)
             if not quiet:
                 print(f"wrote the lesson table in {path.name}")
+    student_dir.mkdir(parents=True, exist_ok=True)
     for item in notebooks(source_dir, out_dir):
-        text = render(build_notebook(item.source, item.name))
+        nb = build_notebook(item.source, item.name)
+        text = render(nb)
+        (student_dir / item.ipynb.name).write_text(render(student_edition(nb)), encoding="utf-8")
         old = item.ipynb.read_text(encoding="utf-8") if item.ipynb.exists() else None
         if old != text:
             item.ipynb.write_text(text, encoding="utf-8")
@@ -252,6 +273,7 @@ def _cmd_build(args) -> int:
     written = build(readme=README)
     if not written:
         print("notebooks are up to date")
+    print(f"student edition (no answer keys): {STUDENT_DIR.relative_to(paths.REPO_ROOT)}/")
     return 0
 
 

@@ -97,6 +97,22 @@ def test_build_is_byte_stable_and_clean(tmp_path):
     assert notebooks.build(notebooks.SOURCE_DIR, first, quiet=True) == []
 
 
+def test_the_student_edition_is_every_notebook_without_its_answer_keys(tmp_path):
+    notebooks.build(notebooks.SOURCE_DIR, tmp_path, quiet=True)
+    keys_seen = 0
+    for nb in notebooks.notebooks():
+        full = nbformat.read(nb.ipynb, as_version=4)
+        student = nbformat.read(tmp_path / "student-edition" / nb.ipynb.name, as_version=4)
+        nbformat.validate(student)
+        keys = [c for c in full.cells if "answer-key" in c.metadata.get("tags", [])]
+        keys_seen += len(keys)
+        assert not any("answer-key" in c.metadata.get("tags", []) for c in student.cells)
+        assert not any("Answer key:" in c.source for c in student.cells), nb.name
+        assert [c.id for c in student.cells] == [c.id for c in full.cells if c not in keys]
+        assert [c.source for c in student.cells] == [c.source for c in full.cells if c not in keys]
+    assert keys_seen >= 15   # the keys of notebooks 4, 6, 6a and 6b, all left out
+
+
 @pytest.mark.parametrize("tamper, expect", [
     (lambda nb: nb.cells[1].__setitem__("source", nb.cells[1].source + "\nedited in Jupyter"), "source differs"),
     (lambda nb: nb.cells.pop(), "cells"),
