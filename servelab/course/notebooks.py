@@ -93,6 +93,11 @@ def build_notebook(source: Path, name: str | None = None, figures: dict[str, str
 
     name = name or source.stem
     nb = jupytext.reads(answer_keys.fill(source.read_text(encoding="utf-8"), figures), fmt=SOURCE_FORMAT)
+    lesson = lessons.BY_SLUG.get(name)
+    first = nb.cells[0] if nb.cells else None
+    if lesson is not None and first is not None and first.cell_type == "markdown" and first.source.startswith("# "):
+        title, _, rest = first.source.partition("\n")
+        first.source = f"{title}\n\n{lessons.header(lesson)}\n{rest}"   # its session and minutes
     nb.nbformat, nb.nbformat_minor = 4, 5
     nb.metadata = nbformat.from_dict({"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}})
     for index, cell in enumerate(nb.cells):

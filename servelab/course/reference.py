@@ -286,6 +286,17 @@ def _with_retry(run, name: str, results: Path, log):
     return nb
 
 
+def _spoiled_key_figures(nb, name: str, work: Path) -> list[str]:
+    """The answer keys' figures (answer_keys.PRINTED) this executed notebook does not give cleanly."""
+    import nbformat
+
+    probe = work / "probe"
+    probe.mkdir(exist_ok=True)
+    (probe / f"{name}.ipynb").write_text(nbformat.writes(nb), encoding="utf-8")
+    values = answer_keys.reference_values(probe, strict=False)
+    return [k for k, p in answer_keys.PRINTED.items() if p.notebook == name and values[k] == answer_keys.MISSING]
+
+
 def run_4_fastapi(env_extra: dict, work: Path, log):
     from servelab.local import stack
 
@@ -374,6 +385,10 @@ def build(reference_dir: Path = COMMITTED_DIR, scale: str = "lesson", log=print)
             t0 = time.perf_counter()
             log(f"running {name} against the local stack ({scale} scale) ...")
             nb = runners[name](settings[name], work, log)
+            spoiled = _spoiled_key_figures(nb, name, work)
+            if spoiled:   # the answer keys quote this run: a busy spell under one of their figures, run it again
+                log(f"  {name}: the answer keys' figures {', '.join(spoiled)} came from a spoiled check; once more")
+                nb = runners[name](settings[name], work, log)
             counts = _counts(nb)
             manifest["checks"][name] = counts
             if counts["failed"]:
