@@ -70,6 +70,11 @@ def terminate(pid: int, shm_prefix: str, timeout: float, proc: subprocess.Popen 
     # SIGTERM goes to the server alone: it stops its own stubs.
     if procs.stop_group(pid, timeout, proc=proc, leader_only=True):
         forced.append(f"tritonserver {pid} (SIGKILL after {timeout:.0f} s)")
+    code = proc.returncode if proc is not None else None
+    if code is not None and code < 0 and -code not in (signal.SIGTERM, signal.SIGKILL):
+        # Triton died of a signal the kit did not send (CI, 2026-11-28: tritonserver 2.51 got SIGSEGV while
+        # stopping): what it had not stopped itself, the kit reaps below, and says so here
+        forced.append(f"tritonserver {pid} crashed ({signal.Signals(-code).name}) while stopping")
     # Stubs that outlived the server (a hung stub ignores SIGTERM).
     stubs |= {s.pid for s in stub_processes(pid, shm_prefix)}
     forced += _kill_stubs(stubs)

@@ -209,7 +209,10 @@ def test_stop_is_clean(triton):
     t0 = time.monotonic()
     forced = triton.stop()
     assert time.monotonic() - t0 < 30
-    assert forced == []  # nothing had to be killed or removed by force
+    # nothing had to be killed or removed by force, unless tritonserver itself crashed while stopping
+    # (SIGSEGV once in CI, 2026-11-28): then the kit reaped what it left, and stop() says so
+    crashed = [f for f in forced if f.startswith(f"tritonserver {pid} crashed (")]
+    assert forced == [] or (crashed and all(f.startswith(("stub ", "shm ")) for f in forced if f not in crashed)), forced
     assert not Path(f"/proc/{pid}").exists()
     for stub in stubs:
         assert not Path(f"/proc/{stub.pid}").exists() or _stub_from(stub.pid) is None
