@@ -305,38 +305,37 @@ def run_4_fastapi(env_extra: dict, work: Path, log):
         return _with_retry(lambda: run_notebook("4_fastapi", env), "4_fastapi", work / "results-4", log)
 
 
-def run_6_triton(env_extra: dict, work: Path, log):
-    """Against the real local Triton serving a private copy of models_staging/ (the notebook edits configs)."""
+def _run_against_triton(name: str, env_extra: dict, work: Path, log, env_of, hooks_of=lambda repo: None):
+    """Run notebook ``name`` against the real local Triton serving a private copy of models_staging/
+    (the notebooks edit configs); ``env_of(t, repo)`` is the kernel's Triton environment. A second
+    call (a spoiled run again) starts from a fresh copy."""
     from servelab import triton
     from servelab.core import procs
 
-    repo = work / "models"
-    shutil.copytree(paths.REPO_ROOT / "models_staging", repo,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    repo = work / f"models-{name}"
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.copytree(paths.REPO_ROOT / "models_staging", repo, ignore=shutil.ignore_patterns("__pycache__"))
+    results = work / f"results-{name}"
     ports = [procs.free_port() for _ in range(3)]
     with triton.running(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
-        env = kernel_env(TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_METRICS_URL=t.metrics_url,
-                         TRITON_MODEL_REPOSITORY=str(repo), SERVELAB_RESULTS_DIR=str(work / "results-6"),
-                         **env_extra)
-        return _with_retry(lambda: run_notebook("6_triton", env, hooks={"on_cell_execute": _hand_edit(repo)}),
-                           "6_triton", work / "results-6", log)
+        env = kernel_env(**env_of(t, repo), SERVELAB_RESULTS_DIR=str(results), **env_extra)
+        return _with_retry(lambda: run_notebook(name, env, hooks=hooks_of(repo)), name, results, log)
+
+
+def run_6_triton(env_extra: dict, work: Path, log):
+    return _run_against_triton(
+        "6_triton", env_extra, work, log,
+        lambda t, repo: dict(TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_METRICS_URL=t.metrics_url,
+                             TRITON_MODEL_REPOSITORY=str(repo)),
+        lambda repo: {"on_cell_execute": _hand_edit(repo)})
 
 
 def run_6a_triton_pipeline(env_extra: dict, work: Path, log):
-    """Against the real local Triton serving a private copy of models_staging/ (the notebook reloads
-    models, adds a version policy and puts it back)."""
-    from servelab import triton
-    from servelab.core import procs
-
-    repo = work / "models-6a"
-    shutil.copytree(paths.REPO_ROOT / "models_staging", repo, ignore=shutil.ignore_patterns("__pycache__"))
-    ports = [procs.free_port() for _ in range(3)]
-    with triton.running(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
-        env = kernel_env(TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_ADMIN_KEY=t.admin_key,
-                         TRITON_MODEL_REPOSITORY=str(repo), SERVELAB_RESULTS_DIR=str(work / "results-6a"),
-                         **env_extra)
-        return _with_retry(lambda: run_notebook("6a_triton_pipeline", env), "6a_triton_pipeline",
-                           work / "results-6a", log)
+    # 6a reloads models with the admin key, adds a version policy and puts it back
+    return _run_against_triton(
+        "6a_triton_pipeline", env_extra, work, log,
+        lambda t, repo: dict(TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_ADMIN_KEY=t.admin_key,
+                             TRITON_MODEL_REPOSITORY=str(repo)))
 
 
 def run_tour_into(dest: Path, scale: float, work: Path, log) -> dict:
