@@ -37,6 +37,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servelab.course import lab
+
 # --------------------------------------------------------------------------
 # Where figures come from
 # --------------------------------------------------------------------------
@@ -168,8 +170,8 @@ def _fig(name, value, unit, what, source, formula=""):
 # --------------------------------------------------------------------------
 
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "docs" / "reference"
-# what servelab.course.lab.check prints (not imported: keep this module free of the notebooks' helpers)
-_SPOILED = ("? inconclusive", "✘ not what the lesson predicts")
+# what servelab.course.lab.check prints for a check that is not evidence
+_SPOILED = (lab.CHECK_INCONCLUSIVE, lab.CHECK_FAIL)
 
 
 @dataclass(frozen=True)

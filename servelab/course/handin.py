@@ -29,6 +29,7 @@ import zipfile
 from pathlib import Path
 
 from servelab.core import paths
+from servelab.course import lab
 
 
 def results_dir() -> Path:
@@ -137,7 +138,7 @@ def where_to_fetch(archive: Path, root: Path | None = None) -> list[str]:
 # What a zip may hold before it is refused unread: students upload these files, so nothing in one is
 # extracted to disk, and no member is read past this size (a zip bomb stops here).
 MAX_MEMBER_BYTES = 64 * 1024 * 1024
-CHECK_MARKS = {"passed": "✔ as expected", "failed": "✘ not what the lesson predicts", "inconclusive": "? inconclusive"}
+CHECK_MARKS = {"passed": lab.CHECK_PASS, "failed": lab.CHECK_FAIL, "inconclusive": lab.CHECK_INCONCLUSIVE}
 UNWRITTEN = "double-click here and write it"   # the text an answer cell starts with (notebooks/src)
 
 
