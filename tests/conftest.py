@@ -10,6 +10,23 @@ import pytest
 pytest_plugins = ("tests.tiers", "tests.schedule")
 
 
+def pytest_configure(config):
+    """Each xdist worker (gw0, gw1, ...) takes its servers' ports from its own slice of
+    procs.port_range(), so two workers never pick the same free port in the seconds before
+    either binds it (a SERVELAB_PORT_RANGE the caller set is sliced the same way)."""
+    import os
+
+    from servelab.core import procs
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and os.environ.get("SERVELAB_PORT_SLICE") != worker:
+        os.environ["SERVELAB_PORT_SLICE"] = worker   # once per worker process
+        lo, hi = procs.port_range()
+        width = max((hi - lo + 1) // 8, 1)
+        first = min(lo + (int(worker[2:]) % 8) * width, hi)
+        os.environ[procs.PORT_RANGE_ENV] = f"{first}-{min(first + width - 1, hi)}"
+
+
 @pytest.fixture(scope="session")
 def built_models():
     """Ensure the Food-11 artifacts exist where every lesson folder expects them."""

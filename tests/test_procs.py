@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from servelab.core import procs
 
 # A leader that starts a child in its own group, prints the child's PID, then waits.
@@ -82,3 +84,33 @@ def test_pid_alive_treats_zombies_as_dead():
     assert not procs.pid_alive(proc.pid)  # exited, not yet reaped
     proc.wait(5)
     assert not procs.pid_alive(-1) and not procs.pid_alive(0)
+
+
+# ---- free_port(): a range below the kernel's ephemeral ports, each port handed out once ----
+
+def test_port_range_reads_the_env_and_refuses_nonsense(monkeypatch):
+    monkeypatch.setenv(procs.PORT_RANGE_ENV, "21000-21099")
+    assert procs.port_range() == (21000, 21099)
+    for bad in ("21000", "a-b", "80-90", "30000-20000"):
+        monkeypatch.setenv(procs.PORT_RANGE_ENV, bad)
+        with pytest.raises(ValueError, match=procs.PORT_RANGE_ENV):
+            procs.port_range()
+    monkeypatch.delenv(procs.PORT_RANGE_ENV)
+    lo, hi = procs.port_range()
+    # the default ends below the ephemeral range, where outgoing connections take their ports
+    assert hi < procs._ephemeral_low() and hi - lo >= 1000
+
+
+@pytest.mark.integration   # binds sockets
+def test_free_port_skips_a_listener_and_never_repeats(monkeypatch):
+    import socket
+
+    monkeypatch.setenv(procs.PORT_RANGE_ENV, "23100-23109")
+    monkeypatch.setattr(procs, "_handed_out", set())
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 23105))
+        listener.listen()
+        got = [procs.free_port() for _ in range(9)]
+        assert sorted(got) == [p for p in range(23100, 23110) if p != 23105]
+        with pytest.raises(OSError, match="no free TCP port in 23100-23109"):
+            procs.free_port()

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import platform
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -18,12 +20,54 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+PORT_RANGE_ENV = "SERVELAB_PORT_RANGE"   # "LO-HI": where free_port() looks (tests give each worker its own)
+_handed_out: set[int] = set()
+_handed_lock = threading.Lock()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768   # Linux's default
+
+
+def port_range() -> tuple[int, int]:
+    """Where free_port() looks: $SERVELAB_PORT_RANGE, else 20000 up to the kernel's ephemeral range.
+    Below that range on purpose: a port taken from it (bind to port 0) can be handed to some
+    process's outgoing connection in the seconds before our server binds it (Triton binds gRPC
+    only after loading its models)."""
+    env = os.environ.get(PORT_RANGE_ENV, "").strip()
+    if env:
+        try:
+            lo, hi = (int(x) for x in env.split("-"))
+        except ValueError:
+            raise ValueError(f"{PORT_RANGE_ENV}={env!r}: expected LO-HI, e.g. 20000-21999") from None
+        if not 1024 <= lo <= hi <= 65535:
+            raise ValueError(f"{PORT_RANGE_ENV}={env!r}: expected 1024 <= LO <= HI <= 65535")
+        return lo, hi
+    hi = min(_ephemeral_low(), 65536) - 1
+    return (20000, hi) if hi - 20000 >= 1000 else (hi - 1000, hi)
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port nobody listens on right now, from port_range(), never the same one twice in
+    this process (a port handed out may not be bound yet)."""
+    lo, hi = port_range()
+    with _handed_lock:
+        start = random.randint(lo, hi)
+        for i in range(hi - lo + 1):
+            port = lo + (start - lo + i) % (hi - lo + 1)
+            if port in _handed_out:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:   # no SO_REUSEADDR: a port in TIME_WAIT counts as taken
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
+    raise OSError(f"no free TCP port in {lo}-{hi} on {host} ({PORT_RANGE_ENV})")
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

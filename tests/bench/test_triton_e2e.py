@@ -113,8 +113,16 @@ def test_errors_counted_on_triton(triton):
 
 
 def test_agrees_with_perf_analyzer(triton, tmp_path):
-    """Same endpoint, same model, same concurrency: throughput within 10 %,
-    p50 within 15 % of perf_analyzer's.
+    """Same endpoint, same model, same concurrency: throughput and p50 within
+    15 % of perf_analyzer's.
+
+    Not closer: perf_analyzer's own client costs more per request than the
+    kit's. Side by side on the 2-core machine (2026-11-28, concurrency 4):
+    perf_analyzer 159 and 177 req/s, p50 25.2 and 22.1 ms, using 0.10-0.13
+    of a core; the kit's client 183 and 194 req/s, p50 22.5 and 20.1 ms,
+    using 0.05-0.06. A 10 % bound failed CI when all seven pairs of one
+    run read 10-20 % apart; a client that miscounted (warm-up counted, a
+    request counted twice, the wrong clock) is still far outside 15 %.
 
     Other work on a shared 2-core machine moves both tools' figures by tens
     of percent from one 10-second stretch to the next, so runs alternate
@@ -142,7 +150,7 @@ def test_agrees_with_perf_analyzer(triton, tmp_path):
         pairs.append({"pa_throughput": pa["throughput"], "bench_throughput": b.throughput,
                       "pa_p50_ms": pa["p50_latency_us"] / 1000, "bench_p50_ms": b.latency["p50_ms"],
                       "throughput_ratio": thr, "p50_ratio": p50})
-        return abs(thr - 1) <= 0.10 and abs(p50 - 1) <= 0.15
+        return abs(thr - 1) <= 0.15 and abs(p50 - 1) <= 0.15
 
     pairs: list[dict] = []
     ok = False
