@@ -42,6 +42,16 @@ number of closed-loop clients, ``k`` the number of model instances.
     for identical exponential servers (W. Winston, "Optimality of the shortest line discipline",
     Journal of Applied Probability 14(1), 1977), so a least-connections balancer should land
     between M/M/c and the round-robin split. No closed form for it is used here.
+
+(e) Token streams (``simulate_streams``). A request asks for ``L`` tokens; a decoding step
+    of a batch of ``b`` takes ``step(b)``, and a request's prompt ``prefill`` first. Request
+    level: an idle model takes up to ``max_batch`` waiting requests and steps until the
+    longest is done; a request arriving meanwhile waits for that, so with lengths 16 and
+    256 it mostly waits out 256 steps however short it is (head-of-line blocking). Iteration
+    level: every step takes in whoever is waiting (up to ``max_batch`` live), so a request
+    waits at most one step unless ``max_batch`` are live. Simulated on the run's own
+    arrivals and lengths, the gap in time to first token between the two is the model's
+    prediction for the measured gap.
 """
 
 from __future__ import annotations
@@ -541,3 +551,45 @@ def backlog_growth(rate: float, service_s: float, duration_s: float) -> dict[str
     request of a ``duration_s`` run waits about that backlog times the service time."""
     growth = max(0.0, rate - 1.0 / service_s)
     return {"growth_per_s": growth, "backlog": growth * duration_s, "last_wait_s": growth * duration_s * service_s}
+
+
+def simulate_streams(arrivals: Sequence[tuple[float, int]], step_s, prefill_s: float, max_batch: int,
+                     scheduler: str) -> list[dict]:
+    """Model (e): ``arrivals`` of ``(due time s, tokens)`` in time order; ``step_s(b)`` one
+    decoding step of ``b`` requests. Returns per request ``{"ttft": s, "done": s}`` (from its
+    due time), as the models in models_streaming/ schedule them (``scheduler``: "request" or
+    "iteration")."""
+    if scheduler not in ("request", "iteration"):
+        raise ValueError(f"scheduler {scheduler!r}: 'request' or 'iteration'")
+    out: list[dict] = [{} for _ in arrivals]
+    nxt, t = 0, 0.0                 # the next arrival not yet taken; the model's clock
+    live: list[list] = []           # [request index, tokens left]
+
+    def answer_one_token_each():    # every live request gets a token now; the finished leave
+        for r in live:
+            r[1] -= 1
+            if r[1] == 0:
+                out[r[0]]["done"] = t - arrivals[r[0]][0]
+        return [r for r in live if r[1] > 0]
+
+    while nxt < len(arrivals) or live:
+        if not live:
+            t = max(t, arrivals[nxt][0])
+        # who joins now: waiting requests, up to max_batch live (request level: only when idle)
+        joined = []
+        if scheduler == "iteration" or not live:
+            while nxt < len(arrivals) and arrivals[nxt][0] <= t and len(live) + len(joined) < max_batch:
+                joined.append([nxt, arrivals[nxt][1]])
+                nxt += 1
+        t += prefill_s * len(joined)
+        for r in joined:
+            out[r[0]]["ttft"] = t - arrivals[r[0]][0]   # its first token, right after the prefills
+        live += joined
+        live = answer_one_token_each()
+        # request level: the batch steps on until its last request is done, nobody joins
+        while scheduler == "request" and live:
+            t += step_s(len(live))
+            live = answer_one_token_each()
+        if live:
+            t += step_s(len(live))
+    return out

@@ -19,6 +19,7 @@ MODELS_BUILD_DIR = BUILD_DIR / "models"
 TRAINED_WEIGHTS = BUILD_DIR / "trained" / "food11.pth"
 RESULTS_DIR = REPO_ROOT / "results"
 MODELS_STAGING = REPO_ROOT / "models_staging"
+MODELS_STREAMING = REPO_ROOT / "models_streaming"   # the token-streaming lesson's two models (notebook 6f)
 INPUT_JSON = REPO_ROOT / "input.json"
 
 # Where each lesson folder expects the model artifacts.

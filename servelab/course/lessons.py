@@ -73,6 +73,9 @@ SESSIONS = {s.key: s for s in (
     Session("ext-scale", "extension B: scale out and accelerate", limit=180, setup=SECOND_LEASE_SETUP,
             setup_source="a second lease: notebooks 1, 2, 5 and 7 again (0_intro's rows) and the downloads",
             where="a laptop runs 6c and 6e's CPU accelerators; 6d needs the node (k3s), 6e's GPU rows a GPU"),
+    Session("ext-streams", "extension C: token streams", limit=180,
+            where="a laptop, with the kit's own Triton (no lease: the node's Compose stacks do not load "
+                  "the token models yet)"),
 )}
 
 
@@ -145,6 +148,12 @@ _LESSONS = (
            source="computed: Model Analyzer measured 7 configurations at 3 concurrencies in 155 s in this kit's "
                   "issue 32, so the node's 9 take about 200 s; S(b) and the final sweep (3 x 200 requests) a minute "
                   "more; the rest is reading (estimate)"),
+    Lesson("6f", "6f_token_streaming", "container",
+           "token streams from a small decoder: request-level against iteration-level batching", local=True,
+           session="ext-streams", minutes=20,
+           source="computed from its settings: 3 rates x 2 schedulers x 20 s of arrivals, each run draining "
+                  "its last 256-token requests (a few seconds), and two 6 s waits in the disconnect part: about "
+                  "3 minutes of measuring; the rest is reading (estimate)"),
     Lesson("6c", "6c_scale_out", "container",
            "Triton replicas behind HAProxy, Prometheus, one queue vs many, the autoscaler's rule", local=True,
            session="ext-scale", minutes=30,

@@ -56,7 +56,7 @@ KEPT_MIME = ("image/png", "text/plain")
 # Environment per scale and notebook (the notebooks read these; unset = the lesson's own counts).
 SCALES = {
     "lesson": {"tour": 1.0, "4_fastapi": {}, "6_triton": {}, "6a_triton_pipeline": {}, "6b_model_analyzer": {},
-               "6c_scale_out": {}, "6e_accelerate": {}},
+               "6c_scale_out": {}, "6e_accelerate": {}, "6f_token_streaming": {}},
     "reduced": {  # the notebook tests run at these sizes (tests/notebooks/test_measurement_notebooks.py)
         "tour": 0.3,
         "4_fastapi": {"SERVELAB_NB_SEQUENTIAL": "20", "SERVELAB_NB_CONCURRENT": "48", "SERVELAB_NB_SWEEP": "32"},
@@ -96,6 +96,9 @@ SCALES = {
             "SERVELAB_NB6E_BATCH_ARGS": "--measurement-mode count_windows --measurement-request-count 2 "
                                         "--stability-percentage 100",
         },
+        # 6f (tests/notebooks/test_6f_token_streaming.py): one rate, 5 s of arrivals, shorter streams
+        "6f_token_streaming": {"SERVELAB_NB6F_RATES": "6", "SERVELAB_NB6F_DURATION": "5",
+                               "SERVELAB_NB6F_LENGTHS": "8,96"},
         # 6b: Model Analyzer on its smallest useful space (its default + one variant, 2 concurrencies)
         "6b_model_analyzer": {
             "SERVELAB_NB_MA_INSTANCES": "1", "SERVELAB_NB_MA_BATCH": "4", "SERVELAB_NB_MA_DELAYS": "0",

@@ -272,6 +272,8 @@ def _cmd_perf(args) -> int:
         return 1
     if args.json:
         print(json.dumps({"results": result.results, "csv": result.csv_rows}, indent=2))
+        if not result.ok:   # stdout stays JSON; what perf_analyzer said goes to stderr
+            print(f"perf_analyzer exited with {result.returncode}:\n{result.output[-3000:]}", file=sys.stderr)
     else:
         print(result.output)
         if result.results:

@@ -276,6 +276,30 @@ def reload_under_load(data: dict, stdout: str, rc: int) -> list[str]:
     return out
 
 
-PROBLEMS = {"bench_fastapi.py": bench_fastapi, "bench_naive.py": bench_naive, "bench_harness.py": bench_harness,
+def bench_streaming(data: dict, stdout: str, rc: int) -> list[str]:
+    """Per run: requests add up, TTFT p50 <= p99, rates positive, goodput at most the completions
+    per second; each ratio is the quotient of its two runs' figures; the verdict follows the
+    failures."""
+    out = []
+    by = {(r["rate"], r["model"]): r for r in data["runs"]}
+    for r in data["runs"]:
+        where = f"{r['model']} at {r['rate']}/s"
+        if r["completed"] + r["errors"] > r["requests"] or len(r["streams"]) != r["requests"]:
+            out.append(f"{where}: {r['completed']} completed + {r['errors']} errors of {r['requests']}")
+        if r["completed"] and not (_positive(r["ttft_p50_ms"]) and r["ttft_p50_ms"] <= r["ttft_p99_ms"]):
+            out.append(f"{where}: TTFT p50 {r['ttft_p50_ms']} p99 {r['ttft_p99_ms']}")
+        if not _positive(r["tokens_per_s"]) or r["goodput_per_s"] > r["completed"] / r["wall_s"] + 1e-9:
+            out.append(f"{where}: tokens/s {r['tokens_per_s']}, goodput {r['goodput_per_s']}")
+    for q in data["ratios"]:
+        rq, it = by[(q["rate"], "tokens_request_level")], by[(q["rate"], "tokens_iteration_level")]
+        if not _close(q["ttft_p50"], rq["ttft_p50_ms"] / it["ttft_p50_ms"]):
+            out.append(f"ratio at {q['rate']}/s is not the quotient of its runs' TTFT p50")
+    said = _printed(stdout, r"^verdict: (PASS|FAIL) \((\d+) failed")
+    if said != [("PASS" if not data["failed"] else "FAIL", str(len(data["failed"])))]:
+        out.append(f"verdict printed {said}, {len(data['failed'])} failed")
+    return out
+
+
+PROBLEMS = {"bench_fastapi.py": bench_fastapi, "bench_streaming.py": bench_streaming, "bench_naive.py": bench_naive, "bench_harness.py": bench_harness,
             "bench_triton.py": bench_triton, "soak.py": soak, "lesson_stability.py": lesson_stability,
             "reload_under_load.py": reload_under_load}

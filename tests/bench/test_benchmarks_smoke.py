@@ -94,6 +94,14 @@ EXPECTED = {
         lambda d: (len(d["onnx"]["runs"]) == 6 and {"ratio", "count1_infer_per_s", "count2_infer_per_s"}
                    <= set(d["counts"])),
     ),
+    "bench_streaming.py": (
+        [], {0},
+        ["decoder: a decoder with deterministic random weights", "tokens_request_level at 4/s",
+         "tokens_iteration_level at 4/s", "request level", "iteration level", "model: a step of b requests",
+         "identical tokens from both schedulers and the plain loop: yes", "verdict: PASS (0 failed)"],
+        lambda d: (len(d["runs"]) == 2 and d["identical_tokens"] is True and d["failed"] == []
+                   and {r["model"] for r in d["runs"]} == {"tokens_request_level", "tokens_iteration_level"}),
+    ),
     "soak.py": (
         [], {0, 1},  # 1: RSS growth over 40 requests says nothing; failed requests are checked below
         ["=== soak summary ===", "fastapi_onnx: 40 sent, 40 ok, 0 failed",

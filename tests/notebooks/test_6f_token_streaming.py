@@ -1,0 +1,47 @@
+"""6f_token_streaming executed end to end in a real kernel (the kit's venv) against the kit's real
+Triton 2.51 serving models_streaming/, at the reduced scale of servelab/course/reference.py: the
+streams by hand, the load runs of both schedulers, the queueing model, and a client that leaves."""
+
+from __future__ import annotations
+
+import re
+
+import nbformat
+import pytest
+
+from servelab.course import reference
+
+from .nbkit import base_kernel_env, notebook_text, run_notebook
+from .test_measurement_notebooks import _no_failed_check
+
+# quiet: the notebook times token streams
+pytestmark = [pytest.mark.quiet, pytest.mark.e2e]
+
+REDUCED = reference.SCALES["reduced"]["6f_token_streaming"]
+
+
+def test_6f_token_streaming_runs_against_a_local_triton(tmp_path):
+    from servelab import triton
+    from servelab.core import paths, procs
+
+    ports = [procs.free_port() for _ in range(3)]
+    with triton.running(paths.MODELS_STREAMING, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+                        workdir=tmp_path / "triton") as t:
+        env = base_kernel_env(TRITON_STREAMING_URL=t.url, TRITON_STREAMING_GRPC_URL=t.grpc_url, **REDUCED)
+        nb = run_notebook("6f_token_streaming", env, timeout=300)
+        log = t.log_path.read_text()
+    (tmp_path / "6f_token_streaming.ipynb").write_text(nbformat.writes(nb))  # for a look after a failure
+    text = notebook_text(nb)
+    checks = _no_failed_check(text)
+    # two streams by hand, two load checks and the tokens, the model, two disconnects
+    assert len(checks) == 8, checks
+    assert "request level: the tokens of the plain one-request loop" in text
+    assert re.search(r"✔ [^\n]*every request got the same tokens from both schedulers", text), text[-3000:]
+    for scheduler in ("request level", "iteration level"):
+        assert re.search(rf"\| 6 \| {scheduler} \| \d+ \| \d+ \| [0-9.]+ \| \d+ \| [0-9.]+ \|", text), scheduler
+        assert re.search(rf"{scheduler}: got 3 of 512 tokens, then closed the stream; the next client got 8 of 8",
+                         text), scheduler
+    assert re.search(r"a step of b requests: [0-9.]+ \+ [0-9.]+ x b ms", text)
+    # the server saw both clients leave, long before their 512 tokens
+    left = [int(n) for n in re.findall(r"cancelled by its client with (\d+) token", log)]
+    assert len(left) == 2 and min(left) > 400, log[-3000:]
