@@ -8,7 +8,7 @@ Starts the real Triton 2.51 with models_streaming/ (both schedulers, the same de
 servelab.core.tinylm: random weights, so latency is real and the text is not) and, at each
 rate, sends the same Poisson arrivals (same prompts, same output lengths, one gRPC stream per
 request) to each model in turn, the order alternating from rate to rate. Per run: time to first
-token (p50, p99), time per output token (p50), output tokens/s, and goodput (requests/s that
+token (mean, p50, p99), time per output token (p50), output tokens/s, and goodput (requests/s that
 completed with their first token within the bound).
 
 Then the checks:
@@ -16,7 +16,7 @@ Then the checks:
   one-request loop (TinyDecoder.generate) for each distinct prompt and length;
 - the queueing model (servelab.bench.queueing, model (e)) simulated on each run's own
   arrivals, with the cost of one step of b requests fitted from Triton's statistics of the
-  iteration-level runs, predicts each median time to first token;
+  iteration-level runs, predicts each mean time to first token;
 - a run that other work spoiled (late sends, a late event loop, another process's CPU) is
   repeated once and otherwise reported inconclusive, never used as a figure.
 
@@ -119,10 +119,10 @@ def main(argv=None) -> int:
     for r in runs:
         plan = [(s.due, s.max_tokens) for s in r["streams"]]
         sim = queueing.simulate_streams(plan, lambda b: a + c * b, prefill, 8, r["model"].split("_")[1])
-        r["predicted_ttft_p50_ms"] = streaming._ms([x["ttft"] for x in sim], 50)
+        r["predicted_ttft_mean_ms"] = streaming._mean_ms([x["ttft"] for x in sim])
     failed += _differing_tokens(runs, rates, models)
     same = not failed
-    header = (f"{'rate/s':>6}  {'scheduler':<16}{'TTFT p50':>10}{'TTFT p99':>10}{'model p50':>10}"
+    header = (f"{'rate/s':>6}  {'scheduler':<16}{'TTFT mean':>10}{'model':>10}{'TTFT p50':>10}{'TTFT p99':>10}"
               f"{'TPOT p50':>10}{'tokens/s':>10}{'goodput/s':>10}  run")
     print(f"\nmodel: a step of b requests {1000 * a:.2f} + {1000 * c:.2f} x b ms (fitted from Triton's statistics "
           f"of the iteration-level runs), a prefill {1000 * prefill:.2f} ms (this process, one thread)")
@@ -133,21 +133,21 @@ def main(argv=None) -> int:
         verdict = "valid" if r["validity"]["valid"] else "inconclusive: " + "; ".join(r["validity"]["reasons"])
         if r["errors"]:
             failed.append(f"{r['model']} at {r['rate']:g}/s: {r['errors']} request(s) failed")
-        print(f"{r['rate']:6g}  {sched:<16}{fmt(r['ttft_p50_ms'])}{fmt(r['ttft_p99_ms'])}"
-              f"{fmt(r['predicted_ttft_p50_ms'])}{fmt(r['tpot_p50_ms'])}{r['tokens_per_s']:10.1f}"
+        print(f"{r['rate']:6g}  {sched:<16}{fmt(r['ttft_mean_ms'])}{fmt(r['predicted_ttft_mean_ms'])}"
+              f"{fmt(r['ttft_p50_ms'])}{fmt(r['ttft_p99_ms'])}{fmt(r['tpot_p50_ms'])}{r['tokens_per_s']:10.1f}"
               f"{r['goodput_per_s']:10.2f}  {verdict}")
     print("\nrequest level / iteration level, side by side at each rate (valid runs only):")
     ratios = []
     for rate in rates:
         pair = {r["model"]: r for r in runs if r["rate"] == rate}
         rq, it = pair[models[0]], pair[models[1]]
-        if not (rq["validity"]["valid"] and it["validity"]["valid"]) or not it["ttft_p50_ms"]:
+        if not (rq["validity"]["valid"] and it["validity"]["valid"]) or not it["ttft_mean_ms"]:
             print(f"  {rate:g}/s: inconclusive (a run was spoiled)")
             continue
-        ratio = {"rate": rate, "ttft_p50": rq["ttft_p50_ms"] / it["ttft_p50_ms"],
-                 "predicted_ttft_p50": rq["predicted_ttft_p50_ms"] / it["predicted_ttft_p50_ms"]}
+        ratio = {"rate": rate, "ttft_mean": rq["ttft_mean_ms"] / it["ttft_mean_ms"],
+                 "predicted_ttft_mean": rq["predicted_ttft_mean_ms"] / it["predicted_ttft_mean_ms"]}
         ratios.append(ratio)
-        print(f"  {rate:g}/s: TTFT p50 x{ratio['ttft_p50']:.1f} (model x{ratio['predicted_ttft_p50']:.1f}); "
+        print(f"  {rate:g}/s: TTFT mean x{ratio['ttft_mean']:.1f} (model x{ratio['predicted_ttft_mean']:.1f}); "
               f"goodput {rq['goodput_per_s']:.2f} against {it['goodput_per_s']:.2f} requests/s")
     print(f"identical tokens from both schedulers and the plain loop: {'yes' if same else 'NO'}")
     print(f"verdict: {'PASS' if not failed else 'FAIL'} ({len(failed)} failed)")

@@ -5,7 +5,9 @@ output tokens (drawn with a fixed seed, so both schedulers see the same arrivals
 lengths). For every request it records when it was due, when it was sent, and when each token
 arrived; ``summarize`` turns that into the figures of a streaming service:
 
-- time to first token (TTFT): from the request's due time to its first token (p50, p99);
+- time to first token (TTFT): from the request's due time to its first token (mean, p50, p99; the
+  mean is the steadier figure when some requests find the model idle and others wait out a batch,
+  and the median can fall on either side);
 - time per output token (TPOT): (last token - first token) / (tokens - 1), per request;
 - output tokens per second over the run;
 - goodput: requests per second that completed with TTFT within ``ttft_bound_ms``.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -125,6 +128,29 @@ async def _run(grpc_url: str, model: str, plan: list[Stream], server_pids: Seque
     return {"wall_s": wall, "validity": verdict.as_dict()}
 
 
+def _asyncio_run(coro):
+    """asyncio.run, also from inside a running event loop (a Jupyter kernel's): then on a thread of its
+    own. The standard loop, not uvloop: gRPC's asyncio client is made for it."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as err:   # raised again in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=target, name="servelab-streams")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def run(grpc_url: str, model: str, rate: float, duration_s: float, lengths: Sequence[int] = (16, 256),
         seed: int = 0, ttft_bound_ms: float = 1000.0, server_pids: Sequence[int] = ()) -> dict:
     """One open-loop run; returns ``summarize``'s figures plus the run's validity."""
@@ -135,7 +161,7 @@ def run(grpc_url: str, model: str, rate: float, duration_s: float, lengths: Sequ
     if not server_pids and host in ("127.0.0.1", "localhost") and port.isdigit():
         # a server on this machine (found by its port): its CPU is the server's, not other work
         server_pids = [p for p in (validity.listening_pid(int(port)),) if p]
-    meta = asyncio.run(_run(grpc_url, model, plan, server_pids))
+    meta = _asyncio_run(_run(grpc_url, model, plan, server_pids))
     out = summarize(plan, meta["wall_s"], ttft_bound_ms)
     out.update(model=model, rate=rate, duration_s=duration_s, lengths=list(lengths), validity=meta["validity"],
                streams=plan)
@@ -144,6 +170,10 @@ def run(grpc_url: str, model: str, rate: float, duration_s: float, lengths: Sequ
 
 def _ms(values: Sequence[float], p: float) -> float | None:
     return 1000 * stats.percentile(values, p) if values else None
+
+
+def _mean_ms(values: Sequence[float]) -> float | None:
+    return 1000 * sum(values) / len(values) if values else None
 
 
 def summarize(plan: Sequence[Stream], wall_s: float, ttft_bound_ms: float) -> dict:
@@ -155,10 +185,11 @@ def summarize(plan: Sequence[Stream], wall_s: float, ttft_bound_ms: float) -> di
     by_length = {}
     for n in sorted({s.max_tokens for s in plan}):
         mine = [s.ttft for s in done if s.max_tokens == n]
-        by_length[n] = {"requests": len(mine), "ttft_p50_ms": _ms(mine, 50)}
+        by_length[n] = {"requests": len(mine), "ttft_p50_ms": _ms(mine, 50), "ttft_mean_ms": _mean_ms(mine)}
     return {
         "requests": len(plan), "completed": len(done), "errors": sum(s.error is not None for s in plan),
-        "ttft_p50_ms": _ms(ttft, 50), "ttft_p99_ms": _ms(ttft, 99), "tpot_p50_ms": _ms(tpot, 50),
+        "ttft_mean_ms": _mean_ms(ttft), "ttft_p50_ms": _ms(ttft, 50), "ttft_p99_ms": _ms(ttft, 99),
+        "tpot_p50_ms": _ms(tpot, 50),
         "tokens_per_s": tokens / wall_s, "goodput_per_s": len(good) / wall_s, "ttft_bound_ms": ttft_bound_ms,
         "by_length": by_length, "wall_s": wall_s,
     }

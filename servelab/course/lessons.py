@@ -151,9 +151,9 @@ _LESSONS = (
     Lesson("6f", "6f_token_streaming", "container",
            "token streams from a small decoder: request-level against iteration-level batching", local=True,
            session="ext-streams", minutes=20,
-           source="computed from its settings: 3 rates x 2 schedulers x 20 s of arrivals, each run draining "
+           source="computed from its settings: 3 rates x 2 schedulers x 30 s of arrivals, each run draining "
                   "its last 256-token requests (a few seconds), and two 6 s waits in the disconnect part: about "
-                  "3 minutes of measuring; the rest is reading (estimate)"),
+                  "4 minutes of measuring; the rest is reading (estimate)"),
     Lesson("6c", "6c_scale_out", "container",
            "Triton replicas behind HAProxy, Prometheus, one queue vs many, the autoscaler's rule", local=True,
            session="ext-scale", minutes=30,

@@ -51,6 +51,7 @@ PLANTS = [
     ("bench_streaming.py", lambda d: d["runs"][0].update(completed=d["runs"][0]["requests"] + 1), "completed"),
     ("bench_streaming.py", lambda d: d["runs"][1].update(ttft_p99_ms=d["runs"][1]["ttft_p50_ms"] / 2), "TTFT"),
     ("bench_streaming.py", lambda d: d["failed"].append("a planted failure"), "verdict"),
+    ("bench_streaming.py", lambda d: d["ratios"][0].update(ttft_mean=d["ratios"][0]["ttft_mean"] * 2), "quotient"),
     ("bench_naive.py", lambda d: d["rows"][0].update(value=d["rows"][0]["value"] * 2), "its figures give"),
     ("bench_naive.py", lambda d: d["fastapi"]["kit_pt/seq"].update(throughput=d["fastapi"]["kit_pt/seq"]["throughput"] / 2),
      "best of its runs"),

@@ -107,7 +107,8 @@ def cell_text(cell) -> str:
         if out.get("output_type") == "stream":
             parts.append(out.get("text", ""))
         elif out.get("output_type") in ("execute_result", "display_data"):
-            parts.append(out.get("data", {}).get("text/plain", ""))
+            text = out.get("data", {}).get("text/plain", "")   # a result ends its line: what follows starts one
+            parts.append(text if not text or text.endswith("\n") else text + "\n")
         elif out.get("output_type") == "error":
             parts.append("\n".join(out.get("traceback", [])))
     return "".join(parts)

@@ -37,11 +37,17 @@ def test_6f_token_streaming_runs_against_a_local_triton(tmp_path):
     assert len(checks) == 8, checks
     assert "request level: the tokens of the plain one-request loop" in text
     assert re.search(r"✔ [^\n]*every request got the same tokens from both schedulers", text), text[-3000:]
+    tables = "\n".join(o["data"]["text/markdown"] for c in nb.cells if c.cell_type == "code"
+                       for o in c.get("outputs", []) if "text/markdown" in o.get("data", {}))
     for scheduler in ("request level", "iteration level"):
-        assert re.search(rf"\| 6 \| {scheduler} \| \d+ \| \d+ \| [0-9.]+ \| \d+ \| [0-9.]+ \|", text), scheduler
+        # the load table (TTFT mean, p50, p99, TPOT, tokens/s, goodput) and the model's table
+        assert re.search(rf"^\| 2 \| {scheduler} \| \d+ \| \d+ \| \d+ \| [0-9.]+ \| \d+ \| [0-9.]+ \|$",
+                         tables, re.M), tables
+        assert re.search(rf"^\| 2 \| {scheduler} \| \d+ \| \d+ \|$", tables, re.M), tables
         assert re.search(rf"{scheduler}: got 3 of 512 tokens, then closed the stream; the next client got 8 of 8",
                          text), scheduler
-    assert re.search(r"a step of b requests: [0-9.]+ \+ [0-9.]+ x b ms", text)
+    assert re.search(r"in Triton, a step of b requests: [0-9.]+ \+ [0-9.]+ x b ms", text)
+    assert re.search(r"the decoder alone, in this kernel: b = 1 [0-9.]+ ms, b = 8 [0-9.]+ ms", text)
     # the server saw both clients leave, long before their 512 tokens
     left = [int(n) for n in re.findall(r"cancelled by its client with (\d+) token", log)]
     assert len(left) == 2 and min(left) > 400, log[-3000:]

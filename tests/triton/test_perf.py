@@ -100,7 +100,7 @@ def test_python_api_and_cli_runner(triton, shell_env):
     assert run.ok and [r["concurrency"] for r in run.results] == [1, 2]
     assert "c=1" in run.table() and "c=2" in run.table()
     proc = subprocess.run([str(procs.venv_bin() / "python"), "-m", "servelab.triton", "perf", "--json", "--",
-                           *shlex.split(args.replace("1:2", "1")), *shlex.split(budget(""))],
+                           *shlex.split(args.replace("--concurrency-range 1:2", "--concurrency-range 1")), *shlex.split(budget(""))],
                           env=shell_env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     parsed = json.loads(proc.stdout)
