@@ -15,8 +15,8 @@ Then the checks:
 - the two schedulers streamed identical tokens for every request, and those of the plain
   one-request loop (TinyDecoder.generate) for each distinct prompt and length;
 - the queueing model (servelab.bench.queueing, model (e)) simulated on each run's own
-  arrivals, with the cost of one step of b requests fitted from Triton's statistics of the
-  iteration-level runs, predicts each mean time to first token;
+  arrivals, with each run's own time per output token as the cost of a step, predicts each
+  mean time to first token;
 - a run that other work spoiled (late sends, a late event loop, another process's CPU) is
   repeated once and otherwise reported inconclusive, never used as a figure.
 
@@ -118,14 +118,16 @@ def main(argv=None) -> int:
     failed = []
     for r in runs:
         plan = [(s.due, s.max_tokens) for s in r["streams"]]
-        sim = queueing.simulate_streams(plan, lambda b: a + c * b, prefill, 8, r["model"].split("_")[1])
+        step = (r["tpot_p50_ms"] or 0) / 1000   # the run's own time per output token
+        sim = queueing.simulate_streams(plan, lambda b, step=step: step, prefill, 8, r["model"].split("_")[1])
         r["predicted_ttft_mean_ms"] = streaming._mean_ms([x["ttft"] for x in sim])
     failed += _differing_tokens(runs, rates, models)
     same = not failed
     header = (f"{'rate/s':>6}  {'scheduler':<16}{'TTFT mean':>10}{'model':>10}{'TTFT p50':>10}{'TTFT p99':>10}"
               f"{'TPOT p50':>10}{'tokens/s':>10}{'goodput/s':>10}  run")
-    print(f"\nmodel: a step of b requests {1000 * a:.2f} + {1000 * c:.2f} x b ms (fitted from Triton's statistics "
-          f"of the iteration-level runs), a prefill {1000 * prefill:.2f} ms (this process, one thread)")
+    print(f"\nmodel: a step costs the run's own TPOT p50, a prefill {1000 * prefill:.2f} ms (this process, one "
+          f"thread); in Triton a step of b requests cost {1000 * a:.2f} + {1000 * c:.2f} x b ms (fitted from its "
+          f"statistics of the iteration-level runs)")
     print(f"goodput: requests per second whose first token came within {args.ttft_bound_ms:g} ms")
     print(header)
     for r in runs:

@@ -96,9 +96,9 @@ SCALES = {
             "SERVELAB_NB6E_BATCH_ARGS": "--measurement-mode count_windows --measurement-request-count 2 "
                                         "--stability-percentage 100",
         },
-        # 6f (tests/notebooks/test_6f_token_streaming.py): the lesson's top rate for 8 s, short requests
+        # 6f (tests/notebooks/test_6f_token_streaming.py): the lesson's top rate for 12 s, short requests
         # shorter (with 96-token long ones at 6/s, most requests found the model idle: no wait to see)
-        "6f_token_streaming": {"SERVELAB_NB6F_RATES": "2", "SERVELAB_NB6F_DURATION": "8",
+        "6f_token_streaming": {"SERVELAB_NB6F_RATES": "2", "SERVELAB_NB6F_DURATION": "12",
                                "SERVELAB_NB6F_LENGTHS": "8,256"},
         # 6b: Model Analyzer on its smallest useful space (its default + one variant, 2 concurrencies)
         "6b_model_analyzer": {

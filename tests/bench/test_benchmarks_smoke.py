@@ -97,7 +97,7 @@ EXPECTED = {
     "bench_streaming.py": (
         [], {0},
         ["decoder: a decoder with deterministic random weights", "tokens_request_level at 4/s",
-         "tokens_iteration_level at 4/s", "request level", "iteration level", "model: a step of b requests",
+         "tokens_iteration_level at 4/s", "request level", "iteration level", "model: a step costs the run's own TPOT p50",
          "identical tokens from both schedulers and the plain loop: yes", "verdict: PASS (0 failed)"],
         lambda d: (len(d["runs"]) == 2 and d["identical_tokens"] is True and d["failed"] == []
                    and {r["model"] for r in d["runs"]} == {"tokens_request_level", "tokens_iteration_level"}),
