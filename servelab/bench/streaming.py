@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from servelab.bench import stats, validity
+from servelab.bench import stats, tasks, validity
 
 PROMPTS = ("A plate of sushi", "Pizza with extra cheese", "Ramen, rich broth", "A bowl of fruit salad",
            "Grilled fish with rice", "Chocolate cake for dessert")
@@ -128,29 +127,6 @@ async def _run(grpc_url: str, model: str, plan: list[Stream], server_pids: Seque
     return {"wall_s": wall, "validity": verdict.as_dict()}
 
 
-def _asyncio_run(coro):
-    """asyncio.run, also from inside a running event loop (a Jupyter kernel's): then on a thread of its
-    own. The standard loop, not uvloop: gRPC's asyncio client is made for it."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = asyncio.run(coro)
-        except BaseException as err:   # raised again in the caller's thread
-            box["error"] = err
-
-    thread = threading.Thread(target=target, name="servelab-streams")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def run(grpc_url: str, model: str, rate: float, duration_s: float, lengths: Sequence[int] = (16, 256),
         seed: int = 0, ttft_bound_ms: float = 1000.0, server_pids: Sequence[int] = ()) -> dict:
     """One open-loop run; returns ``summarize``'s figures plus the run's validity."""
@@ -161,7 +137,7 @@ def run(grpc_url: str, model: str, rate: float, duration_s: float, lengths: Sequ
     if not server_pids and host in ("127.0.0.1", "localhost") and port.isdigit():
         # a server on this machine (found by its port): its CPU is the server's, not other work
         server_pids = [p for p in (validity.listening_pid(int(port)),) if p]
-    meta = _asyncio_run(_run(grpc_url, model, plan, server_pids))
+    meta = tasks.run_coroutine(_run(grpc_url, model, plan, server_pids), fast_loop=False)   # also from Jupyter
     out = summarize(plan, meta["wall_s"], ttft_bound_ms)
     out.update(model=model, rate=rate, duration_s=duration_s, lengths=list(lengths), validity=meta["validity"],
                streams=plan)

@@ -19,18 +19,19 @@ async def cancel_and_wait(task: asyncio.Task | None) -> None:
         pass
 
 
-def run_coroutine(coro):
-    """Run ``coro`` on a fresh event loop (uvloop if installed), also from
-    inside an already running loop such as a Jupyter kernel's."""
+def run_coroutine(coro, fast_loop: bool = True):
+    """Run ``coro`` on a fresh event loop (uvloop if installed, unless ``fast_loop`` is False: gRPC's
+    asyncio client is made for the standard loop), also from inside an already running loop such as
+    a Jupyter kernel's."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return _new_loop_run(coro)
+        return _new_loop_run(coro, fast_loop)
     box: dict = {}
 
     def target():
         try:
-            box["value"] = _new_loop_run(coro)
+            box["value"] = _new_loop_run(coro, fast_loop)
         except BaseException as e:  # re-raised in the caller's thread
             box["error"] = e
 
@@ -42,8 +43,10 @@ def run_coroutine(coro):
     return box["value"]
 
 
-def _new_loop_run(coro):
+def _new_loop_run(coro, fast_loop: bool = True):
     try:
+        if not fast_loop:
+            raise ImportError
         import uvloop  # faster event loop: more headroom for the client
         loop = uvloop.new_event_loop()
     except ImportError:
