@@ -28,26 +28,13 @@ from __future__ import annotations
 
 from servelab.bench import queueing, script, streaming
 from servelab.core import paths, procs, tinylm
-from servelab.triton import running, stats
-
-
-def _fit_step(deltas) -> tuple[float, float]:
-    """Least squares ``a + c*b`` over the iteration-level executions (every execution is one step
-    plus the tokens it sends), weighted by how many executions each batch size had."""
-    pts = {}
-    for d in deltas:
-        for b, n in d["batch_histogram"].items():
-            tot_n, tot_ms = pts.get(b, (0, 0.0))
-            pts[b] = (tot_n + n, tot_ms + n * d["per_batch_ms"][b])
-    return queueing.fit_batch_service({b: (ms / n / 1000, n) for b, (n, ms) in pts.items()})
+from servelab.triton import running
 
 
 def _measure(t, model, rate, args, seed, retries=1):
     for attempt in range(retries + 1):
-        before = stats.snapshot(t.http_url, model)
         run = streaming.run(t.grpc_url, model, rate, args.duration, args.lengths, seed=seed,
-                            ttft_bound_ms=args.ttft_bound_ms, server_pids=[t.pid])
-        run["server"] = stats.stats_delta(before, stats.snapshot(t.http_url, model))
+                            ttft_bound_ms=args.ttft_bound_ms, server_pids=[t.pid], http_url=t.http_url)
         run["attempts"] = attempt + 1
         if run["validity"]["valid"]:
             break
@@ -111,16 +98,16 @@ def main(argv=None) -> int:
                 print(f"  {model} at {rate:g}/s: {run['requests']} requests, {run['attempts']} attempt(s)",
                       flush=True)
                 runs.append(run)
-    # the model: one step of b requests costs a + c*b, from the iteration-level runs
-    a, c = _fit_step([r["server"] for r in runs if r["model"] == models[1] and r["validity"]["valid"]] or
-                     [r["server"] for r in runs if r["model"] == models[1]])
+    # in Triton, one step of b requests costs a + c*b, from the iteration-level runs
+    a, c = streaming.step_cost([r["server"] for r in runs if r["model"] == models[1] and r["validity"]["valid"]] or
+                               [r["server"] for r in runs if r["model"] == models[1]])
     prefill = _prefill_s()
     failed = []
     for r in runs:
         plan = [(s.due, s.max_tokens) for s in r["streams"]]
         step = (r["tpot_p50_ms"] or 0) / 1000   # the run's own time per output token
         sim = queueing.simulate_streams(plan, lambda b, step=step: step, prefill, 8, r["model"].split("_")[1])
-        r["predicted_ttft_mean_ms"] = streaming._mean_ms([x["ttft"] for x in sim])
+        r["predicted_ttft_mean_ms"] = streaming.mean_ms([x["ttft"] for x in sim])
     failed += _differing_tokens(runs, rates, models)
     same = not failed
     header = (f"{'rate/s':>6}  {'scheduler':<16}{'TTFT mean':>10}{'model':>10}{'TTFT p50':>10}{'TTFT p99':>10}"

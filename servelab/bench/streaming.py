@@ -128,8 +128,14 @@ async def _run(grpc_url: str, model: str, plan: list[Stream], server_pids: Seque
 
 
 def run(grpc_url: str, model: str, rate: float, duration_s: float, lengths: Sequence[int] = (16, 256),
-        seed: int = 0, ttft_bound_ms: float = 1000.0, server_pids: Sequence[int] = ()) -> dict:
-    """One open-loop run; returns ``summarize``'s figures plus the run's validity."""
+        seed: int = 0, ttft_bound_ms: float = 1000.0, server_pids: Sequence[int] = (),
+        http_url: str | None = None) -> dict:
+    """One open-loop run; returns ``summarize``'s figures plus the run's validity. With Triton's
+    ``http_url``, also what Triton counted for the model during the run (``server``:
+    servelab.triton.stats.stats_delta)."""
+    from servelab.triton import stats as triton_stats
+
+    before = triton_stats.snapshot(http_url, model) if http_url else None
     plan = arrivals(rate, duration_s, lengths, seed)
     if not plan:
         raise ValueError(f"no request arrives in {duration_s} s at {rate}/s: run longer or faster")
@@ -141,14 +147,30 @@ def run(grpc_url: str, model: str, rate: float, duration_s: float, lengths: Sequ
     out = summarize(plan, meta["wall_s"], ttft_bound_ms)
     out.update(model=model, rate=rate, duration_s=duration_s, lengths=list(lengths), validity=meta["validity"],
                streams=plan)
+    if before is not None:
+        out["server"] = triton_stats.stats_delta(before, triton_stats.snapshot(http_url, model))
     return out
+
+
+def step_cost(server_deltas: Sequence[dict]) -> tuple[float, float]:
+    """``(a, c)``: one execution of ``b`` requests costs ``a + c * b`` seconds, fitted (least squares,
+    weighted by executions) to Triton's statistics of iteration-level runs (``run``'s ``server``),
+    where every execution is one decoding step and the tokens it sends."""
+    from servelab.bench import queueing
+
+    points: dict[int, tuple[int, float]] = {}
+    for d in server_deltas:
+        for b, n in d["batch_histogram"].items():
+            count, total_s = points.get(b, (0, 0.0))
+            points[b] = (count + n, total_s + n * d["per_batch_ms"][b] / 1000)
+    return queueing.fit_batch_service({b: (total_s / n, n) for b, (n, total_s) in points.items()})
 
 
 def _ms(values: Sequence[float], p: float) -> float | None:
     return 1000 * stats.percentile(values, p) if values else None
 
 
-def _mean_ms(values: Sequence[float]) -> float | None:
+def mean_ms(values: Sequence[float]) -> float | None:
     return 1000 * sum(values) / len(values) if values else None
 
 
@@ -161,10 +183,10 @@ def summarize(plan: Sequence[Stream], wall_s: float, ttft_bound_ms: float) -> di
     by_length = {}
     for n in sorted({s.max_tokens for s in plan}):
         mine = [s.ttft for s in done if s.max_tokens == n]
-        by_length[n] = {"requests": len(mine), "ttft_p50_ms": _ms(mine, 50), "ttft_mean_ms": _mean_ms(mine)}
+        by_length[n] = {"requests": len(mine), "ttft_p50_ms": _ms(mine, 50), "ttft_mean_ms": mean_ms(mine)}
     return {
         "requests": len(plan), "completed": len(done), "errors": sum(s.error is not None for s in plan),
-        "ttft_mean_ms": _mean_ms(ttft), "ttft_p50_ms": _ms(ttft, 50), "ttft_p99_ms": _ms(ttft, 99),
+        "ttft_mean_ms": mean_ms(ttft), "ttft_p50_ms": _ms(ttft, 50), "ttft_p99_ms": _ms(ttft, 99),
         "tpot_p50_ms": _ms(tpot, 50),
         "tokens_per_s": tokens / wall_s, "goodput_per_s": len(good) / wall_s, "ttft_bound_ms": ttft_bound_ms,
         "by_length": by_length, "wall_s": wall_s,
