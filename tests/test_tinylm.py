@@ -4,6 +4,8 @@ models enforce."""
 
 from __future__ import annotations
 
+import torch
+
 from servelab.core import tinylm
 
 
@@ -51,3 +53,17 @@ def test_request_limits():
     assert "at most 256" in tinylm.check_request(b"x" * 257, 5)
     for bad in (0, -1, size.max_new_tokens + 1):
         assert tinylm.check_request(b"soup", bad) == f"max_tokens is {bad}; it must be 1 to 512"
+
+
+def test_each_model_instance_gets_the_decoder_of_its_kind(monkeypatch):
+    """models_streaming/*/1/model.py: tinylm.for_instance(args["model_instance_kind"], device id). A CPU
+    instance decodes the small size in float64 (tokens independent of the batch); a GPU instance GPT-2
+    small's shape in FP16 on its own GPU."""
+    cpu = tinylm.for_instance("CPU")
+    assert (cpu.size, cpu.dtype, cpu.device.type) == (tinylm.SIZES["cpu"], torch.float64, "cpu")
+    assert tinylm.describe(cpu) == "4 layers, 128 wide, 4 heads, float64 on cpu"
+    made = []
+    monkeypatch.setattr(tinylm, "TinyDecoder", lambda *a, **kw: made.append((a, kw)))
+    tinylm.for_instance("GPU", 1)
+    assert made == [((tinylm.SIZES["gpu"],), {"device": "cuda:1", "dtype": torch.float16})]
+    assert (tinylm.SIZES["gpu"].n_layers, tinylm.SIZES["gpu"].d_model, tinylm.SIZES["gpu"].n_heads) == (12, 768, 12)

@@ -9,6 +9,7 @@ What a student does on the node, in order, with the node's own files and command
 5. notebook 5's node commands, then notebooks 6, 6a and 6b inside the Jupyter container (6b's node
    command runs Model Analyzer in its own container, docker-compose-analyzer.yaml);
 6. notebook 6c inside the Jupyter container, its own node command starting the scale overlay;
+   notebook 6f the same way, its command starting the token-streaming overlay (a second Triton);
 7. the node doctor, the published ports against docs/SECURITY.md, and ``down -v`` of every stack,
    after which no container, network, volume or ``/dev/shm`` file of the lab is left.
 
@@ -476,6 +477,10 @@ class Check:
             self.memory_peaks()
             with self.step("notebook 6c inside the Jupyter container (scale overlay)"):
                 self.notebook_with_retry("6c_scale_out")
+                self.ports()
+            self.memory_peaks()
+            with self.step("notebook 6f inside the Jupyter container (token-streaming overlay)"):
+                self.notebook_with_retry("6f_token_streaming")
                 self.ports()
             self.memory_peaks()
             with self.step("the node doctor beside the running stack"):

@@ -6,10 +6,17 @@ here, so, as with the vision model's demo weights, the latency is real and the t
 
 A token is one byte of UTF-8 text (256 tokens), so no tokenizer is needed either.
 
-Decoding is greedy, and the arithmetic is float64 on the CPU: a step's result then does not
+Decoding is greedy, and on the CPU the arithmetic is float64: a step's result then does not
 depend on which other requests share its batch (float32 matrix products may round differently
 for another batch size, and a near tie between two logits could pick another token). Both
 schedulers of the lesson must produce the same tokens for the same prompt.
+
+Two sizes (``SIZES``): a small one that a laptop's CPU decodes in a millisecond or two per step,
+and GPT-2 small's shape (12 layers, 768 wide, 12 heads: n_layer, n_embd and n_head in the
+``gpt2`` checkpoint's config.json on Hugging Face) in FP16 on a GPU, such as the node's P100.
+``for_instance`` picks the one a Triton model instance serves. In FP16 a step's rounding can
+depend on the batch, so there the two schedulers' tokens may part after a near tie: the lesson
+reports how many requests agree instead of promising all of them.
 """
 
 from __future__ import annotations
@@ -34,6 +41,26 @@ class Size:
     @property
     def context(self) -> int:
         return self.max_prompt + self.max_new_tokens
+
+
+SIZES = {
+    "cpu": Size(),                                       # ~0.9 M weights: 1-2 ms a step on one core
+    "gpu": Size(d_model=768, n_layers=12, n_heads=12),   # GPT-2 small's shape, 85.9 M weights
+}
+
+
+def for_instance(kind: str, device_id: int = 0) -> "TinyDecoder":
+    """The decoder a Triton model instance serves: ``kind`` is the Python backend's
+    ``args["model_instance_kind"]`` ("CPU" or "GPU"), ``device_id`` its GPU."""
+    if kind == "GPU":
+        return TinyDecoder(SIZES["gpu"], device=f"cuda:{device_id}", dtype=torch.float16)
+    return TinyDecoder(SIZES["cpu"])
+
+
+def describe(decoder: "TinyDecoder") -> str:
+    s = decoder.size
+    return (f"{s.n_layers} layers, {s.d_model} wide, {s.n_heads} heads, {str(decoder.dtype).split('.')[-1]} "
+            f"on {decoder.device}")
 
 
 def encode(text: str) -> list[int]:

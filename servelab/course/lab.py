@@ -256,12 +256,13 @@ def triton_log_mark(grpc_url: str) -> tuple[str, int] | None:
     return str(log), log.stat().st_size if log.exists() else 0
 
 
-def triton_log_since(mark: tuple[str, int] | None, model: str) -> str:
+def triton_log_since(mark: tuple[str, int] | None, model: str, container: str = "triton_server") -> str:
     """Triton's log lines about ``model`` (and its errors) written since ``mark``; where
-    the log is not readable from here, the command that shows them on the node."""
+    the log is not readable from here, the command that shows them on the node (Triton's
+    ``container`` there)."""
     if mark is None:
         return (f"Triton's log is in its own container: on node-serve-system, "
-                f"docker logs triton_server 2>&1 | grep {model}")
+                f"docker logs {container} 2>&1 | grep {model}")
     from servelab.triton.control import log_since
 
     return log_since(mark[0], mark[1], model) or f"(Triton logged nothing about {model})"

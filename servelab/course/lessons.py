@@ -73,9 +73,10 @@ SESSIONS = {s.key: s for s in (
     Session("ext-scale", "extension B: scale out and accelerate", limit=180, setup=SECOND_LEASE_SETUP,
             setup_source="a second lease: notebooks 1, 2, 5 and 7 again (0_intro's rows) and the downloads",
             where="a laptop runs 6c and 6e's CPU accelerators; 6d needs the node (k3s), 6e's GPU rows a GPU"),
-    Session("ext-streams", "extension C: token streams", limit=180,
-            where="a laptop, with the kit's own Triton (no lease: the node's Compose stacks do not load "
-                  "the token models yet)"),
+    Session("ext-streams", "extension C: token streams", limit=180, setup=SECOND_LEASE_SETUP,
+            setup_source="a second lease: notebooks 1, 2, 5 and 7 again (0_intro's rows) and the downloads",
+            where="a laptop teaches it as well (its CPU decodes a small model, with no lease: no set-up); "
+                  "on the node the decoder is GPT-2 small's shape in FP16"),
 )}
 
 

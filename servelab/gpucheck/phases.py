@@ -423,8 +423,91 @@ def traces(args, work: Path) -> dict:
     return res
 
 
+# --------------------------------------------------------------------------
+# streaming
+# --------------------------------------------------------------------------
+
+def _median_s(fn, repeats: int) -> float:
+    fn()   # warm-up (CUDA kernels chosen, caches filled)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()   # each step ends in int() of its tokens: the GPU has finished when it returns
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def streaming_phase(args, work: Path) -> dict:
+    """Token streams (issue 54, notebook 6f) at the size a GPU serves, GPT-2 small's shape
+    (servelab.core.tinylm.SIZES["gpu"]): the decoder alone, a prefill and one step of 1 and 8 requests
+    in fp32 and FP16, with FP16's greedy tokens against fp32's; then both token-streaming models in the
+    kit's Triton (KIND_GPU: FP16) under the same Poisson arrivals, with TTFT, TPOT, tokens/s and how
+    many requests got the same tokens from both. The dry run: the CPU's size, a few seconds of load."""
+    import torch
+
+    from servelab import triton
+    from servelab.bench import streaming
+    from servelab.core import paths, procs, tinylm
+
+    gpu = _want_gpu(args)
+    if gpu and not torch.cuda.is_available():
+        return {"status": "fail", "reason": "a GPU was expected and torch sees none", "figures": []}
+    device, size = ("cuda", tinylm.SIZES["gpu"]) if gpu else ("cpu", tinylm.SIZES["cpu"])
+    repeats, n_tokens = (3, 8) if args.tiny else (20, 64)
+    prompt = tinylm.encode("A plate of sushi")
+    rows, tokens = [], {}
+    for dtype in (torch.float32, torch.float16):
+        name = str(dtype).split(".")[-1]
+        decoder = tinylm.TinyDecoder(size, device=device, dtype=dtype)
+        prefill = _median_s(lambda: decoder.prefill(prompt), repeats)
+        caches, last = zip(*[decoder.prefill(prompt) for _ in range(8)])
+        step = {b: _median_s(lambda b=b: decoder.step(list(caches[:b]), list(last[:b])), repeats) for b in (1, 8)}
+        tokens[name] = decoder.generate(prompt, n_tokens)
+        rows.append({"what": f"streaming decoder {name} on {device}", "p50_ms": round(1000 * step[1], 2),
+                     "prefill_ms": round(1000 * prefill, 2), "step_ms": {b: round(1000 * v, 2) for b, v in step.items()},
+                     "value": f"{tinylm.describe(decoder)}: prefill {1000 * prefill:.2f} ms, step b=1 "
+                              f"{1000 * step[1]:.2f} ms, b=8 {1000 * step[8]:.2f} ms"})
+        decoder = caches = last = None   # freed before the next precision's copy
+        if gpu:
+            torch.cuda.empty_cache()
+    same = next((i for i, (a, b) in enumerate(zip(tokens["float32"], tokens["float16"])) if a != b), n_tokens)
+    rows.append({"what": "streaming FP16 tokens against fp32", "same_prefix": same, "tokens": n_tokens,
+                 "value": f"the first {same} of {n_tokens} greedy tokens identical"})
+    rate, duration, lengths = (2.0, 4.0, (4, 16)) if args.tiny else (2.0, 20.0, (16, 256))
+    runs = {}
+    with triton.running(paths.MODELS_STREAMING, http_port=procs.free_port(), grpc_port=procs.free_port(),
+                        metrics_port=procs.free_port(), workdir=work / "triton-streaming", write_state=False,
+                        install_perf_shim=False) as t:
+        for model in ("tokens_request_level", "tokens_iteration_level"):
+            t_start = time.time()
+            r = streaming.run(t.grpc_url, model, rate, duration, lengths, seed=54, ttft_bound_ms=500)
+            runs[model] = r
+            rows.append({"what": f"streaming {model}, {rate:g}/s", "t_start": t_start, "t_end": time.time(),
+                         "p50_ms": r["ttft_p50_ms"], "p99_ms": r["ttft_p99_ms"],
+                         "throughput": round(r["tokens_per_s"], 1), "requests": r["requests"],
+                         "completed": r["completed"], "ttft_mean_ms": r["ttft_mean_ms"], "tpot_p50_ms": r["tpot_p50_ms"],
+                         "valid": r["validity"]["valid"],
+                         "value": f"TTFT p50/p99 (ms), tokens/s; TPOT p50 {r['tpot_p50_ms'] or 0:.2f} ms, "
+                                  f"{r['completed']} of {r['requests']} completed"
+                                  + ("" if r["validity"]["valid"] else "; spoiled: "
+                                     + "; ".join(r["validity"]["reasons"]))})
+        notes = list(t.notes)
+    a, b = (runs[m]["streams"] for m in ("tokens_request_level", "tokens_iteration_level"))
+    identical = sum(x.tokens == y.tokens for x, y in zip(a, b))
+    rows.append({"what": "streaming: the same tokens from both schedulers", "identical": identical, "requests": len(a),
+                 "value": f"{identical} of {len(a)} requests"})
+    res = {"status": "ok", "figures": rows, "notes": notes}
+    short = [f"{m}: {r['completed']} of {r['requests']} completed" for m, r in runs.items()
+             if r["completed"] < r["requests"]]
+    if short:
+        res.update(status="fail", reason="; ".join(short))
+    elif not gpu and identical < len(a):   # float64 on the CPU: a step does not depend on its batch
+        res.update(status="fail", reason=f"on the CPU only {identical} of {len(a)} requests got the same tokens")
+    return res
+
+
 PHASES = {"probe": probe, "models": models, "fastapi": fastapi, "triton": triton_phase, "tour": tour,
-          "cuda_tests": cuda_tests, "accel": accel, "traces": traces}
+          "cuda_tests": cuda_tests, "accel": accel, "traces": traces, "streaming": streaming_phase}
 
 
 def main(argv=None) -> int:

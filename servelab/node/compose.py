@@ -79,7 +79,7 @@ def config_json(files: Sequence[str | os.PathLike], env: Mapping[str, str] | Non
 # --------------------------------------------------------------------------
 
 CPU_HEADER = ("# CPU copy made by `python -m servelab.node.compose cpu-repository` (docker-compose-triton.cpu.yaml):\n"
-              "# instance groups moved to KIND_CPU. Remade on every `up`; the original is in models_staging/.\n")
+              "# instance groups moved to KIND_CPU. Remade on every `up` from the bind-mounted original.\n")
 _GPUS_FIELD = re.compile(r"[,;]?\s*gpus\s*:\s*\[[^\]]*\]")
 
 

@@ -25,6 +25,10 @@ STACKS = {
     # the same on a host without an NVIDIA GPU (the compose check runs it): each file's CPU override after it
     "triton+scale+cpu": [DOCKER / "docker-compose-triton.yaml", DOCKER / "docker-compose-triton.cpu.yaml",
                          DOCKER / "docker-compose-scale.yaml", DOCKER / "docker-compose-scale.cpu.yaml"],
+    # notebook 6f: the Triton stack plus a second Triton serving models_streaming/
+    "triton+streaming": [DOCKER / "docker-compose-triton.yaml", DOCKER / "docker-compose-streaming.yaml"],
+    "triton+streaming+cpu": [DOCKER / "docker-compose-triton.yaml", DOCKER / "docker-compose-triton.cpu.yaml",
+                             DOCKER / "docker-compose-streaming.yaml", DOCKER / "docker-compose-streaming.cpu.yaml"],
     # notebook 6b on the node: Model Analyzer (remote mode) and a Triton of its own, profile `analyzer`
     "triton+analyzer": [DOCKER / "docker-compose-triton.yaml", DOCKER / "docker-compose-analyzer.yaml"],
     "triton+analyzer+cpu": [DOCKER / "docker-compose-triton.yaml", DOCKER / "docker-compose-triton.cpu.yaml",
@@ -35,7 +39,7 @@ PROFILES = {"triton+analyzer": ["analyzer"], "triton+analyzer+cpu": ["analyzer"]
 # The one-shot service that builds the model files on the node (notebooks 3 and 5).
 MODELS_FILE = DOCKER / "docker-compose-models.yaml"
 GPU_STACKS = ("fastapi", "triton")
-CPU_STACKS = ("fastapi+cpu", "triton+cpu", "triton+scale+cpu", "triton+analyzer+cpu")
+CPU_STACKS = ("fastapi+cpu", "triton+cpu", "triton+scale+cpu", "triton+streaming+cpu", "triton+analyzer+cpu")
 # Values the tests give the required secrets (a real docker/.env, if any, is ignored).
 SECRETS = {"JUPYTER_TOKEN": "test-jupyter-token", "TRITON_ADMIN_KEY": "test-admin-key"}
 

@@ -209,7 +209,7 @@ def test_every_standin_is_labelled_and_every_base_the_kit_names_has_one():
 
 
 @pytest.mark.parametrize("stack", ["fastapi", "fastapi+cpu", "triton", "triton+cpu", "triton+scale",
-                                   "triton+scale+cpu", "triton+analyzer"])
+                                   "triton+scale+cpu", "triton+streaming", "triton+streaming+cpu", "triton+analyzer"])
 def test_every_service_has_a_memory_limit_and_no_cpu_cap_above_one_core(stack, rendered, rendered_models):
     """Issue 48, finding 5: no Compose service had a limit. Memory on every one (the CPU overrides keep
     them: they reset only the GPU reservation); a CPU cap only on the services the lab does not measure,

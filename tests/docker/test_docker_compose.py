@@ -25,7 +25,8 @@ from .dockerkit import (
     services,
 )
 
-CONTAINERS = {"fastapi_server", "triton_server", "flask", "jupyter", "triton_0", "triton_1", "haproxy", "prometheus"}
+CONTAINERS = {"fastapi_server", "triton_server", "flask", "jupyter", "triton_0", "triton_1", "haproxy", "prometheus",
+              "triton_streams"}
 
 
 # --------------------------------------------------------------------------
@@ -118,6 +119,12 @@ EXPECTED_PORTS["triton+scale"] = {
     "triton_0": set(), "triton_1": set(),
 }
 
+# notebook 6f's override: the streaming Triton on the node's loopback only, as the lab's Triton
+EXPECTED_PORTS["triton+streaming"] = {
+    **EXPECTED_PORTS["triton"],
+    "triton_streams": {("127.0.0.1", 8100, 8000), ("127.0.0.1", 8101, 8001), ("127.0.0.1", 8102, 8002)},
+}
+
 
 @pytest.mark.parametrize("stack", list(STACKS))
 def test_container_names_and_ports(stack, rendered):
@@ -137,7 +144,7 @@ def test_container_names_and_ports(stack, rendered):
 def test_triton_is_not_reachable_from_outside_the_node(stack, rendered):
     for svc in services(rendered[stack]).values():
         for host_ip, host_port, _ in published(svc):
-            if svc.get("container_name") in ("triton_server", "haproxy", "prometheus"):
+            if svc.get("container_name") in ("triton_server", "triton_streams", "haproxy", "prometheus"):
                 assert host_ip == "127.0.0.1", (host_ip, host_port)
             else:
                 assert host_port in (80, 8000, 8888)
@@ -301,7 +308,7 @@ def test_jupyter_requires_its_token(rendered):
 def test_every_server_has_a_healthcheck_on_its_own_port(stack, rendered):
     svcs = services(rendered[stack])
     for name, svc in svcs.items():
-        if name in ("triton_cpu_repository", "model_analyzer"):  # one-shot: runs to completion
+        if name in ("triton_cpu_repository", "triton_streams_cpu_repository", "model_analyzer"):  # one-shot
             assert "restart" not in svc
             continue
         test = " ".join(svc["healthcheck"]["test"])
@@ -310,7 +317,7 @@ def test_every_server_has_a_healthcheck_on_its_own_port(stack, rendered):
         # a server that publishes nothing (6c's Triton replicas, reached by name) checks Triton's port
         assert port in (container_ports or {8000}), (name, test)
         for dep, cond in (svc.get("depends_on") or {}).items():
-            want = "service_completed_successfully" if dep == "triton_cpu_repository" else "service_healthy"
+            want = "service_completed_successfully" if dep.endswith("cpu_repository") else "service_healthy"
             assert cond["condition"] == want, (name, dep)
     assert svcs["flask"]["depends_on"]
 
@@ -377,3 +384,27 @@ def test_scale_override_gives_jupyter_every_variable_notebook_6c_reads(rendered)
         for url in env[name].split(","):
             host = url.split("://")[-1].split(":")[0]
             assert host in svcs, (name, url)
+
+
+def test_streaming_override_serves_models_streaming_and_gives_jupyter_what_6f_reads(rendered):
+    """Notebook 6f reads TRITON_STREAMING_URL and TRITON_STREAMING_GRPC_URL; the override points both at
+    triton_streams, which serves models_streaming/ (on the node: the folder itself, GPU 0; on a CPU host: the
+    KIND_CPU copy) with its admin APIs behind the key."""
+    source = (REPO / "notebooks" / "src" / "6f_token_streaming.md").read_text()
+    wanted = set(re.findall(r'os\.environ\.get\("(TRITON_STREAMING\w+)"', source))
+    assert wanted == {"TRITON_STREAMING_URL", "TRITON_STREAMING_GRPC_URL"}
+    for stack, source_dir in (("triton+streaming", "models_streaming"), ("triton+streaming+cpu", None)):
+        svcs = services(rendered[stack])
+        env = svcs["jupyter"]["environment"]
+        assert {env[k] for k in wanted} == {"triton_streams:8000", "triton_streams:8001"}
+        streams = svcs["triton_streams"]
+        mount = next(v for v in streams["volumes"] if v["target"] == "/models")
+        if source_dir:
+            assert mount["type"] == "bind" and Path(mount["source"]).name == source_dir
+            assert gpu_devices(streams)[0]["device_ids"] == ["0"]
+        else:
+            assert mount["type"] == "volume" and mount["source"] == "triton_streams_cpu_models"
+            helper = svcs["triton_streams_cpu_repository"]
+            assert any(v["target"] == "/src" and Path(v["source"]).name == "models_streaming" for v in helper["volumes"])
+        restricted = [a for a in streams["command"] if a.startswith(("--http-restricted-api", "--grpc-restricted"))]
+        assert len(restricted) == 8 and all("admin-key=test-admin-key" in a for a in restricted)

@@ -21,7 +21,9 @@ STALE_AFTER_S = 5.0
 class TritonPythonModel:
     def initialize(self, args):
         torch.set_num_threads(1)   # one core per model instance
-        self.decoder = tinylm.TinyDecoder()
+        # A GPU instance (the node) serves GPT-2 small's shape in FP16, a CPU instance a small decoder in float64
+        self.decoder = tinylm.for_instance(args["model_instance_kind"], int(args["model_instance_device_id"]))
+        pb_utils.Logger.log_info(f"{args['model_instance_name']}: {tinylm.describe(self.decoder)}")
         self.state = {}   # sequence id -> [cache, last token, tokens left, when it last had a step]
 
     def execute(self, requests):
