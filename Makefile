@@ -16,7 +16,7 @@ help:
 	@echo "make test-durations - make test, recording each test's seconds in tests/durations.json (commit it)"
 	@echo "make up / make down - keep the local stack running for the browser UI and Jupyter / stop it"
 	@echo "make models - build food11.pth / food11.onnx;  make site - render the lab as a static site"
-	@echo "make reference - re-run notebooks 4 and 6 and the tour; write the committed docs/reference/"
+	@echo "make reference - re-run notebooks 4, 6, 6a, 6e, 6f and the tour; write the committed docs/reference/"
 	@echo "make soak   - long soak run;  make fuzz - longer fuzzing run"
 	@echo "make kit-archive - dist/serve-system-chi.tar.gz (tracked files) for Trovi / Chameleon Jupyter"
 	@echo "make compose-check - the Compose stacks for real on a local Docker engine (stand-in base images)"
@@ -100,7 +100,7 @@ test-durations:
 site: setup
 	$(PY) -m servelab site
 
-# Regenerate the committed reference run: notebooks 4 and 6 at the lesson's scale and the
+# Regenerate the committed reference run: notebooks 4, 6, 6a, 6e and 6f at the lesson's scale and the
 # tour at scale 1 on the local stack. Commit docs/reference/ after (a test fails while it is stale).
 reference: models
 	$(PY) -m servelab reference build

@@ -343,7 +343,7 @@ def test_only_the_models_phase_sees_the_machines_protobuf(tmp_path):
     assert seen.pop("models") == google.protobuf.__version__
     assert set(seen.values()) == {"from-the-pack"}
     # a Triton is started by these phases: its stub needs numpy 1.26 first
-    assert {p.name for p in runner.PHASES if p.stub_numpy} == {"triton", "tour", "cuda_tests", "traces"}
+    assert {p.name for p in runner.PHASES if p.stub_numpy} == {"triton", "tour", "cuda_tests", "traces", "streaming"}
 
 
 def test_reap_kills_only_what_a_phase_left_under_its_work_folder(tmp_path):

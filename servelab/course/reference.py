@@ -7,8 +7,9 @@ One real run of the kit on this machine, kept in the repository so that a
 learner with only a browser sees what the lab's measuring notebooks print and
 plot (the published site renders it, ``servelab.course.site``):
 
-* ``4_fastapi.ipynb`` and ``6_triton.ipynb``: the notebooks executed in a real
-  kernel against the kit's local stack (FastAPI services; the real Triton and
+* ``4_fastapi``, ``6_triton``, ``6a_triton_pipeline``, ``6e_accelerate`` and
+  ``6f_token_streaming`` (``.ipynb``): the notebooks executed in a real kernel
+  against the kit's local stack (FastAPI services; the real Triton and
   perf_analyzer), their outputs trimmed and their plots kept as PNG;
 * ``tour/report.md`` and ``tour/*.png``: the benchmark tour's report and plots;
 * ``manifest.json``: the machine, the date, the kit's commit, the scale, and the
@@ -47,7 +48,7 @@ from servelab.course import answer_keys, lab, notebooks
 COMMITTED_DIR = paths.REPO_ROOT / "docs" / "reference"
 MANIFEST = "manifest.json"
 NOTE = "CPU reference: your numbers will differ"
-NOTEBOOKS = ("4_fastapi", "6_triton", "6a_triton_pipeline")
+NOTEBOOKS = ("4_fastapi", "6_triton", "6a_triton_pipeline", "6e_accelerate", "6f_token_streaming")
 
 # Trimming: a stream output longer than this keeps its head and tail.
 MAX_LINES, HEAD_LINES, TAIL_LINES = 80, 60, 15
@@ -309,7 +310,8 @@ def run_4_fastapi(env_extra: dict, work: Path, log):
         return _with_retry(lambda: run_notebook("4_fastapi", env), "4_fastapi", work / "results-4", log)
 
 
-def _run_against_triton(name: str, env_extra: dict, work: Path, log, env_of, hooks_of=lambda repo: None):
+def _run_against_triton(name: str, env_extra: dict, work: Path, log, env_of, hooks_of=lambda repo: None,
+                        models=None):
     """Run notebook ``name`` against the real local Triton serving a private copy of models_staging/
     (the notebooks edit configs); ``env_of(t, repo)`` is the kernel's Triton environment. A second
     call (a spoiled run again) starts from a fresh copy."""
@@ -321,7 +323,7 @@ def _run_against_triton(name: str, env_extra: dict, work: Path, log, env_of, hoo
     shutil.copytree(paths.REPO_ROOT / "models_staging", repo, ignore=shutil.ignore_patterns("__pycache__"))
     results = work / f"results-{name}"
     ports = [procs.free_port() for _ in range(3)]
-    with triton.running(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
+    with triton.running(repo, models=models, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
         env = kernel_env(**env_of(t, repo), SERVELAB_RESULTS_DIR=str(results), **env_extra)
         return _with_retry(lambda: run_notebook(name, env, hooks=hooks_of(repo)), name, results, log)
 
@@ -340,6 +342,28 @@ def run_6a_triton_pipeline(env_extra: dict, work: Path, log):
         "6a_triton_pipeline", env_extra, work, log,
         lambda t, repo: dict(TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_ADMIN_KEY=t.admin_key,
                              TRITON_MODEL_REPOSITORY=str(repo)))
+
+
+def run_6e_accelerate(env_extra: dict, work: Path, log):
+    # 6e times the model in its own kernel, then food_classifier_onnx in Triton with and without OpenVINO
+    return _run_against_triton(
+        "6e_accelerate", env_extra, work, log,
+        lambda t, repo: dict(TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_ADMIN_KEY=t.admin_key,
+                             TRITON_MODEL_REPOSITORY=str(repo)), models=["food_classifier_onnx"])
+
+
+def run_6f_token_streaming(env_extra: dict, work: Path, log):
+    # 6f: the kit's Triton serving models_streaming/ (nothing edits it), as the notebook's terminal line starts it
+    from servelab import triton
+    from servelab.core import procs
+
+    results = work / "results-6f_token_streaming"
+    ports = [procs.free_port() for _ in range(3)]
+    with triton.running(paths.MODELS_STREAMING, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+                        workdir=work / "triton-6f") as t:
+        env = kernel_env(TRITON_STREAMING_URL=t.url, TRITON_STREAMING_GRPC_URL=t.grpc_url,
+                         SERVELAB_RESULTS_DIR=str(results), **env_extra)
+        return _with_retry(lambda: run_notebook("6f_token_streaming", env), "6f_token_streaming", results, log)
 
 
 def run_tour_into(dest: Path, scale: float, work: Path, log) -> dict:
@@ -383,7 +407,8 @@ def build(reference_dir: Path = COMMITTED_DIR, scale: str = "lesson", log=print)
         staged = work / "staged"
         staged.mkdir()
         runners = {"4_fastapi": run_4_fastapi, "6_triton": run_6_triton,
-                   "6a_triton_pipeline": run_6a_triton_pipeline}
+                   "6a_triton_pipeline": run_6a_triton_pipeline, "6e_accelerate": run_6e_accelerate,
+                   "6f_token_streaming": run_6f_token_streaming}
         for name in NOTEBOOKS:
             t0 = time.perf_counter()
             log(f"running {name} against the local stack ({scale} scale) ...")
@@ -446,7 +471,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("reference", help="regenerate or check the committed reference run (docs/reference/)")
     rsub = p.add_subparsers(dest="reference_command", metavar="ACTION")
     rsub.required = True
-    b = rsub.add_parser("build", help="run notebooks 4 and 6 and the tour on the local stack; write docs/reference/")
+    b = rsub.add_parser("build", help="run notebooks 4, 6, 6a, 6e and 6f and the tour on the local stack; write docs/reference/")
     b.add_argument("--scale", choices=sorted(SCALES), default="lesson",
                    help="lesson: the lesson's own request counts, tour at scale 1 (default); "
                         "reduced: the notebook tests' counts, tour at 0.3")
