@@ -16,6 +16,9 @@ recorded and the next phase starts; a phase with no time left says so:
 7. ``accel``      one forward pass in fp32, FP16 and torch.compile (where the GPU allows it),
                   with fidelity against fp32, and S(b), b = 1..16, in fp32 and FP16
                   (:mod:`servelab.gpucheck.accel`)
+8. ``traces``     where each request's time goes (servelab.bench.breakdown)
+9. ``decode``     food_pipeline with food_preprocess decoding on the CPU, then with nvJPEG on
+                  the GPU: throughput, GPU use, stage shares (:mod:`servelab.gpucheck.decode`)
 
 nvidia-smi (GPU) and /proc/stat (CPU: the images are decoded there) are sampled
 every 0.5 s throughout, each sample tagged with its phase.
@@ -76,7 +79,8 @@ PHASES = (
     Phase("tour", 120, 90, stub_numpy=True),
     Phase("cuda_tests", 60, 60, stub_numpy=True),  # tests/triton/test_cuda.py starts a Triton
     Phase("accel", 150, 120),  # fp32 / FP16 / torch.compile and S(b)
-    Phase("traces", 90, 90, stub_numpy=True),  # last, the newest: where each request's time goes (issue 51)
+    Phase("traces", 90, 90, stub_numpy=True),  # where each request's time goes (issue 51)
+    Phase("decode", 90, 90, stub_numpy=True),  # food_pipeline decoding on the CPU, then with nvJPEG (issue 51)
 )
 PHASE_NAMES = tuple(p.name for p in PHASES)
 OUT_FILES = ("summary.md", "results.json", "log.txt", "samples.csv", "perf.txt", "tour-report.md",
