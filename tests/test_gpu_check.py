@@ -98,6 +98,14 @@ def test_dry_run_hides_the_gpu_and_measures_through_triton(dry_run):
     for f in traced:
         assert f["requests"] == 8 and f["stages_p50_ms"]["compute infer"] > 0, f
         assert f["value"].startswith("shares of the client's p50: "), f
+    # decode: the CPU path measured and traced, its tensors food11's own, its bad images refused;
+    # the GPU path said not run (servelab/gpucheck/decode.py)
+    dec = {f["what"]: f for f in phases["decode"]["figures"]}
+    cpu = dec["decode=cpu: food_pipeline, c=8"]
+    assert cpu["throughput"] > 0 and cpu["traced"] == 8 and cpu["value"].startswith("food_preprocess compute p50"), cpu
+    assert dec["decode=cpu: food_preprocess tensors vs food11.preprocess"]["value"].startswith("max abs diff 0.0 ")
+    assert dec["decode=cpu: bad images"]["value"] == "4 of 4 refused with food11's code"
+    assert dec["decode=gpu: food_pipeline, c=8"]["value"] == "not run: no GPU"
 
 
 def test_dry_run_summary_has_phases_and_figures_table(dry_run):
@@ -114,6 +122,7 @@ def test_dry_run_summary_has_phases_and_figures_table(dry_run):
     assert samples and {s["phase"] for s in samples} >= {"triton"}
     assert "## Figures" in proc.stdout  # printed too: a device call's output tail shows it
     assert "## Where each request's time goes" in text and "food_classifier_onnx @ 8" in text
+    assert "## Where the pipeline decodes" in text and "food_pipeline decode=cpu @ 8" in text
 
 
 def test_no_time_left_skips_each_phase_with_its_reason(tmp_path):
@@ -343,7 +352,8 @@ def test_only_the_models_phase_sees_the_machines_protobuf(tmp_path):
     assert seen.pop("models") == google.protobuf.__version__
     assert set(seen.values()) == {"from-the-pack"}
     # a Triton is started by these phases: its stub needs numpy 1.26 first
-    assert {p.name for p in runner.PHASES if p.stub_numpy} == {"triton", "tour", "cuda_tests", "traces", "streaming"}
+    assert {p.name for p in runner.PHASES if p.stub_numpy} == {"triton", "tour", "cuda_tests", "traces", "decode",
+                                                              "streaming"}
 
 
 def test_reap_kills_only_what_a_phase_left_under_its_work_folder(tmp_path):

@@ -90,9 +90,10 @@ def _send_all(url: str, path: str, requests: list[tuple[str, bytes, dict]], conc
 
 
 def measure(url: str, admin_key: str | None, model: str, concurrency: int = 1, n: int = 100,
-            warmup: int = 20, timeout: float = 60.0) -> dict:
-    """One traced run: per request, its stages (ms) and the client's own time."""
-    target = triton_target(url if url.startswith("http") else f"http://{url}", model)
+            warmup: int = 20, timeout: float = 60.0, images=None) -> dict:
+    """One traced run: per request, its stages (ms) and the client's own time. ``images``: the
+    encoded images an image model is sent (default the kit's samples, JPEGs and PNGs)."""
+    target = triton_target(url if url.startswith("http") else f"http://{url}", model, images=images)
     bodies = target.bodies
     run_id = uuid.uuid4().hex[:8]
 

@@ -417,6 +417,21 @@ def check_image_header(data: bytes, max_bytes: int | None = None,
     return img.format, img.size
 
 
+def plain_jpeg(data: bytes, max_bytes: int | None = None, max_pixels: int | None = None) -> bool:
+    """Every check ``load_image`` makes before decoding (an ImageDecodeError as it raises), then
+    whether ``data`` is a JPEG another decoder can take as it is (nvJPEG on a GPU: the
+    food_preprocess model): one frame (not MPO), greyscale or YCbCr (not CMYK), and upright (no
+    EXIF rotation to apply; torchvision applies one only on the CPU). Anything else goes to
+    :func:`load_image`, which handles every case."""
+    img = _decode_errors(lambda: _open_checked(data, max_bytes, max_pixels))
+    if img.format != "JPEG" or img.mode not in ("L", "RGB"):
+        return False
+    try:
+        return img.getexif().get(0x0112, 1) == 1   # 0x0112: EXIF Orientation (1: as stored)
+    except Exception:  # an EXIF block PIL cannot read: load_image judges the image
+        return False
+
+
 def load_image(data: bytes, max_bytes: int | None = None, max_pixels: int | None = None,
                draft_size: int | None = None) -> Image.Image:
     """Untrusted encoded image bytes → fully decoded, upright RGB ``PIL.Image``.

@@ -424,6 +424,26 @@ def traces(args, work: Path) -> dict:
 
 
 # --------------------------------------------------------------------------
+# decode
+# --------------------------------------------------------------------------
+
+def decode(args, work: Path) -> dict:
+    """food_pipeline with its images decoded on the CPU, then by nvJPEG on the GPU, in one run
+    (servelab.gpucheck.decode): throughput, GPU use, stage shares, fidelity, bad images."""
+    from servelab import triton
+    from servelab.core import procs
+    from servelab.gpucheck import decode as dec
+
+    gpu = _want_gpu(args) and triton.gpu_count() > 0
+    with triton.running(models=list(dec.MODELS), http_port=procs.free_port(), grpc_port=procs.free_port(),
+                        metrics_port=procs.free_port(), workdir=work / "triton-decode", write_state=False,
+                        install_perf_shim=False) as t:
+        res = dec.measure(t, gpu, args.tiny, write=lambda partial: _write(work, "decode", partial))
+        res["notes"] = list(t.notes)
+    return res
+
+
+# --------------------------------------------------------------------------
 # streaming
 # --------------------------------------------------------------------------
 
@@ -507,7 +527,8 @@ def streaming_phase(args, work: Path) -> dict:
 
 
 PHASES = {"probe": probe, "models": models, "fastapi": fastapi, "triton": triton_phase, "tour": tour,
-          "cuda_tests": cuda_tests, "accel": accel, "traces": traces, "streaming": streaming_phase}
+          "cuda_tests": cuda_tests, "accel": accel, "traces": traces, "decode": decode,
+          "streaming": streaming_phase}
 
 
 def main(argv=None) -> int:

@@ -16,8 +16,10 @@ recorded and the next phase starts; a phase with no time left says so:
 7. ``accel``      one forward pass in fp32, FP16 and torch.compile (where the GPU allows it),
                   with fidelity against fp32, and S(b), b = 1..16, in fp32 and FP16
                   (:mod:`servelab.gpucheck.accel`)
-8. ``traces``     where each request's time goes (Triton's traces and the client's stages)
-9. ``streaming``  the token-streaming decoder at GPT-2 small's shape, fp32 against FP16 (step cost,
+8. ``traces``     where each request's time goes (servelab.bench.breakdown)
+9. ``decode``     food_pipeline with food_preprocess decoding on the CPU, then with nvJPEG on
+                  the GPU: throughput, GPU use, stage shares (:mod:`servelab.gpucheck.decode`)
+10. ``streaming`` the token-streaming decoder at GPT-2 small's shape, fp32 against FP16 (step cost,
                   tokens), then both token-streaming models in Triton (KIND_GPU, FP16) under load
 
 nvidia-smi (GPU) and /proc/stat (CPU: the images are decoded there) are sampled
@@ -80,6 +82,7 @@ PHASES = (
     Phase("cuda_tests", 60, 60, stub_numpy=True),  # tests/triton/test_cuda.py starts a Triton
     Phase("accel", 150, 120),  # fp32 / FP16 / torch.compile and S(b)
     Phase("traces", 90, 90, stub_numpy=True),  # where each request's time goes (issue 51)
+    Phase("decode", 90, 90, stub_numpy=True),  # food_pipeline decoding on the CPU, then with nvJPEG (issue 51)
     Phase("streaming", 120, 90, stub_numpy=True),  # last, the newest: token streams in FP16 (issue 54)
 )
 PHASE_NAMES = tuple(p.name for p in PHASES)

@@ -68,6 +68,10 @@ def summary_text(results: list[dict], meta: dict, samples: list[dict]) -> str:
     if traced:
         lines += ["## Where each request's time goes (traces phase: p50 of each stage, ms)", "", "```",
                   traced["table"], "```", ""]
+    decoded = next((r for r in results if r.get("phase") == "decode" and r.get("table")), None)
+    if decoded:
+        lines += ["## Where the pipeline decodes (decode phase: p50 of each stage, ms)", "", "```",
+                  decoded["table"], "```", ""]
     return "\n".join(lines)
 
 

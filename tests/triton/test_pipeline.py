@@ -148,3 +148,22 @@ def test_first_request_after_load_with_and_without_warmup(pipeline_triton):
         assert result[arm]["steady_median"] > 0
     assert result["warmup_sizes"] == [1]  # the local CPU translation of 1..16
     assert pipeline_triton.model_config("food_classifier_onnx").get("model_warmup")
+
+
+def test_preprocessing_says_where_it_decodes_and_refuses_a_gpu_it_cannot_have(pipeline_triton, sample_bytes):
+    """The shipped food_preprocess (KIND_CPU, decode: auto) decodes on the CPU and says so; asked
+    for decode=gpu on this GPU-less machine, the new copies refuse to load with the reason, and the
+    copies already loaded keep serving (models_staging/food_preprocess/1/model.py)."""
+    from servelab.gpucheck import decode
+
+    said = decode.decoders_logged(pipeline_triton.log_path, 0)
+    assert said and set(said) == {"decoding on the CPU: the instance is KIND_CPU"}, said
+    with pytest.raises(Exception, match="decode=gpu asked, but this instance is KIND_CPU"):
+        pipeline_triton.reload_model("food_preprocess", {"parameters": {"decode": {"string_value": "gpu"}}})
+    client = pipeline_triton.http_client()
+    try:
+        name, data = next(iter(sample_bytes.items()))
+        assert _outcome(_infer(client, data))[0] == "ok", name
+    finally:
+        client.close()
+        pipeline_triton.reload_model("food_preprocess")  # back to models_staging's config
