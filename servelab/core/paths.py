@@ -33,6 +33,8 @@ ONNX_TARGETS = (
 )
 # Version 2 of the ONNX classifier (notebook 6a's rollout): a second deterministic export.
 ONNX_V2_TARGET = MODELS_STAGING / "food_classifier_onnx" / "2" / "model.onnx"
+# The same weights as food11.onnx in FP16, FP32 at its input and output (notebook 6e serves it as a copy).
+ONNX_FP16 = MODELS_BUILD_DIR / "food11_fp16.onnx"
 
 
 def sample_images() -> list[Path]:

@@ -447,6 +447,7 @@ KEYS: list[Key] = [
     Key("6c_scale_out", "the rule past saturation", ()),
     Key("6e_accelerate", "reading the table", (), settings=(1, 16)),
     Key("6e_accelerate", "the accelerator in Triton", (), settings=(1,)),
+    Key("6e_accelerate", "FP16 in Triton", (), settings=(16,)),
     # 6f quotes no figure of another system: its keys explain, the run measures.
     Key("6f_token_streaming", "the two schedulers under load", (), settings=(16, 256, 8, 64)),
     Key("6f_token_streaming", "the model and the gap", (), settings=(256, 8)),

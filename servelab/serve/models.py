@@ -8,7 +8,12 @@ Outputs (all git-ignored, each with a ``<file>.json`` stamp beside it):
   [N, 3, 224, 224] float32, output ``output`` [N, 11] logits, dynamic batch;
 * ``food11_v2.onnx`` — version 2 of the ONNX classifier for the rollout in
   notebook 6a: demo weights from the next seed (``DEMO_SEED + 1``), exported
-  the same way, so the two versions are told apart by their answers.
+  the same way, so the two versions are told apart by their answers;
+* ``food11_fp16.onnx`` — ``food11.pth``'s weights in FP16, with FP32 at its input
+  and output (a cast at each end), so food_classifier_onnx's config serves it
+  unchanged. It stays in ``build/models/``: notebook 6e serves it as a copy of
+  food_classifier_onnx beside the fp32 one (on the node's GPU, ONNX Runtime's CUDA
+  provider runs its FP16 kernels).
 
 They are built once into ``build/models/`` and copied to where each lesson
 folder expects them (see ``servelab.core.paths``).
@@ -356,6 +361,7 @@ def build(weights: str | None = None, out_dir: Path | None = None, force: bool =
                     copied.append(dest)
                 log(f"  {'wrote ' if dest in copied else 'kept  '} {_rel(dest)}")
     build_second_version(out_dir, force=force, place=place, log=log)
+    build_fp16(out_dir, force=force, log=log)
     if info["weights_kind"] == "demo":
         log(f"note: {food11.DEMO_WEIGHTS_NOTE} (use --weights to load trained Food-11 weights)")
     return BuildResult(out_dir / "food11.pth", out_dir / "food11.onnx", info["parity_max_abs_diff"],
@@ -417,6 +423,69 @@ def build_second_version(out_dir: Path | None = None, force: bool = False, place
     return onnx_path
 
 
+FP16_MIN_TOP1 = 0.9   # FP16 rounding may flip a near tie between two classes; more flips is a broken export
+
+
+def fp16_fidelity(model, onnx_path: Path, seed: int = 0) -> dict:
+    """The FP16 export against the fp32 network on the calibration images (varied patterns and the
+    kit's samples): max |Δlogit| and the share of images with the same top-1 class."""
+    import onnxruntime as ort
+    import torch
+
+    batch = _calibration_batch(n=32, seed=seed)
+    with torch.no_grad():
+        ref = model(batch).numpy()
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"input": batch.numpy()})[0]
+    return {"max_abs_logit_diff": float(np.abs(got - ref).max()),
+            "top1_agreement": float((got.argmax(1) == ref.argmax(1)).mean()), "images": len(batch)}
+
+
+def build_fp16(out_dir: Path | None = None, force: bool = False, log=print) -> Path:
+    """``food11_fp16.onnx`` from ``food11.pth`` (the weights food_classifier_onnx serves), in the build
+    folder; rebuilt when food11.pth or the recipe changes."""
+    import torch
+
+    out_dir = Path(out_dir or paths.MODELS_BUILD_DIR)
+    pth, onnx_path, stamp = out_dir / "food11.pth", out_dir / "food11_fp16.onnx", out_dir / "build_fp16.json"
+    main = json.loads((out_dir / "build.json").read_text())   # what build() made food11.pth from
+    fp = {"recipe": BUILD_RECIPE, "torch": torch.__version__, "food11.pth": _sha256(pth),
+          "weights": main["fingerprint"]["weights"]}
+    try:
+        info = json.loads(stamp.read_text())
+        current = info.get("fingerprint") == fp and _sha256(onnx_path) == info["sha256"]["food11_fp16.onnx"]
+    except (OSError, ValueError, KeyError):
+        current = False
+    if force or not current:
+        t0 = time.perf_counter()
+        model = torch.load(pth, map_location="cpu", weights_only=False).eval()
+
+        class HalfInside(torch.nn.Module):   # FP32 in, FP16 through the network, FP32 out
+            def __init__(self, net):
+                super().__init__()
+                self.net = net
+
+            def forward(self, x):
+                return self.net(x.half()).float()
+
+        import copy
+
+        export_onnx(HalfInside(copy.deepcopy(model).half()).eval(), onnx_path)
+        fidelity = fp16_fidelity(model, onnx_path)
+        if fidelity["top1_agreement"] < FP16_MIN_TOP1:
+            raise RuntimeError(f"the FP16 export agrees with fp32 on {fidelity['top1_agreement']:.0%} of the top-1 "
+                               f"classes (at least {FP16_MIN_TOP1:.0%})")
+        info = {"fingerprint": fp, "weights_kind": main["weights_kind"], "fidelity": fidelity,
+                "sha256": {"food11_fp16.onnx": _sha256(onnx_path)},
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        stamp.write_text(json.dumps(info, indent=2) + "\n")
+        log(f"built the FP16 ONNX classifier in {time.perf_counter() - t0:.1f} s: max |Δlogit| against fp32 "
+            f"{fidelity['max_abs_logit_diff']:.3f}, top-1 the same on {fidelity['top1_agreement']:.0%} of "
+            f"{fidelity['images']} images")
+    log(f"  built  {_rel(onnx_path)} (FP16; notebook 6e serves it)")
+    return onnx_path
+
+
 def _rel(p: Path) -> str:
     try:
         return str(p.relative_to(paths.REPO_ROOT))
@@ -425,7 +494,7 @@ def _rel(p: Path) -> str:
 
 
 def artifacts_ready() -> bool:
-    return all(p.exists() for p in (*paths.PTH_TARGETS, *paths.ONNX_TARGETS, paths.ONNX_V2_TARGET))
+    return all(p.exists() for p in (*paths.PTH_TARGETS, *paths.ONNX_TARGETS, paths.ONNX_V2_TARGET, paths.ONNX_FP16))
 
 
 # --------------------------------------------------------------------------

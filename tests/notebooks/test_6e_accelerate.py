@@ -43,7 +43,7 @@ def test_6e_accelerate_runs_against_a_local_triton(tmp_path):
     (tmp_path / "6e_accelerate.ipynb").write_text(nbformat.writes(nb))  # for a look after a failure
     text = notebook_text(nb)
     passed = _no_failed_check(text)
-    assert len(passed) == 4, passed
+    assert len(passed) == 5, passed
     # the table: one row per variant (torch.compile left out at this scale), fidelity beside the timings
     table = [o["data"]["text/markdown"] for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
              if "text/markdown" in o.get("data", {})][0]
@@ -58,6 +58,12 @@ def test_6e_accelerate_runs_against_a_local_triton(tmp_path):
     assert re.search(r"batch 16  food_classifier_onnx_openvino +compute infer [0-9.]+ ms", text)
     assert "unknown Execution Accelerator 'openvinox' is requested" in text
     assert "no GPU visible here" in cell_output(nb, "TENSORRT_BLOCK") or "compute capability" in text
+    # FP16 (issue 49): servelab models build's FP16 file served beside an fp32 copy, on the CPU here
+    fp16 = cell_output(nb, "FP16_FILE = paths.ONNX_FP16")
+    assert re.search(r"KIND_CPU: max \|Δlogit\| FP16 against fp32 0\.\d+, the same class for 100% of the \d+ samples",
+                     fp16), fp16
+    assert re.search(r"batch 16  food_classifier_onnx_fp16 +compute infer [0-9.]+ ms", fp16), fp16
+    assert "food_classifier_onnx_fp16" not in left and "food_classifier_onnx_fp32" not in left
     # the copies are gone again: from the repository and from Triton's index
     assert sorted(p.name for p in repo.iterdir()) == ["food_classifier", "food_classifier_onnx"]
     assert not left, left

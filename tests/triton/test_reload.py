@@ -179,6 +179,32 @@ def test_a_refused_reload_leaves_the_file_as_it_was(triton):
     assert triton.model_config(model)["max_batch_size"] == 16
 
 
+def test_precision_fp16_is_a_reload_away_and_an_unknown_one_is_refused(triton, sample_b64, reference):
+    """Issue 49: food_classifier's config parameter precision. fp16 (what a GPU copy on the node would
+    use; torch computes FP16 on the CPU too) reloads, Triton's log names it, and the labels stay the
+    same; a value model.py does not know fails the load with the parameter's name, and the copies
+    already loaded keep serving."""
+    names = reference["names"]
+
+    def labels():
+        images = [sample_b64[n] for n in names]
+        errors, results = [None] * len(images), [None] * len(images)
+        for i in range(len(images)):
+            _infer_images(triton.url, images, errors, results, i)
+        assert errors == [None] * len(images), errors
+        return results
+
+    try:
+        triton.reload_model("food_classifier", {"parameters": {"precision": {"string_value": "fp16"}}})
+        assert "food_classifier_0_0: fp16 on cpu" in triton.log_path.read_text()
+        assert labels() == [reference["pt"][n].label for n in names]
+        with pytest.raises(Exception, match='parameter precision is "int8": use "fp32" or "fp16"'):
+            triton.reload_model("food_classifier", {"parameters": {"precision": {"string_value": "int8"}}})
+        assert labels() == [reference["pt"][n].label for n in names]
+    finally:
+        triton.reload_model("food_classifier", {"parameters": {"precision": {"string_value": "fp32"}}})
+
+
 def test_reload_cli_finds_the_server_and_its_key(triton):
     """`servelab triton reload` from another process: the key comes from the
     state file the server wrote (mode 0600)."""

@@ -8,6 +8,7 @@ process) and calls:
   finalize()         at unload.
 """
 
+import json
 import os
 
 import numpy as np
@@ -30,15 +31,23 @@ class TritonPythonModel:
         weights = os.path.join(os.path.dirname(os.path.abspath(__file__)), "food11.pth")
         self.model = torch.load(weights, map_location=self.device, weights_only=False)
         self.model.eval()
+        # Precision: config.pbtxt's parameter "precision", fp32 (default) or fp16. FP16 halves the
+        # weights and the arithmetic; on a GPU with fast FP16 it can pay, on a CPU it is usually slower.
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        precision = parameters.get("precision", {}).get("string_value", "fp32")
+        if precision not in ("fp32", "fp16"):
+            raise ValueError(f'parameter precision is "{precision}": use "fp32" or "fp16"')
+        self.dtype = torch.float16 if precision == "fp16" else torch.float32
+        self.model = self.model.to(self.dtype)
 
         # Instances of this model share the CPU cores: alone, one gets every core; when
         # others are busy, each an equal share (servelab/serve/threads.py, TorchShare).
         self.cores = threads.TorchShare(group=args["model_name"])
         # Warm-up: the first passes allocate memory and pick kernels (on each thread count).
         shape = (1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE)
-        self.cores.warm_up(lambda: self.model(torch.zeros(shape, device=self.device)))
+        self.cores.warm_up(lambda: self.model(torch.zeros(shape, device=self.device, dtype=self.dtype)))
         pb_utils.Logger.log_info(
-            f"{args['model_instance_name']}: on {self.device}, up to {self.cores.cores} CPU thread(s)"
+            f"{args['model_instance_name']}: {precision} on {self.device}, up to {self.cores.cores} CPU thread(s)"
         )
 
     def execute(self, requests):
@@ -67,9 +76,9 @@ class TritonPythonModel:
         # 2. ONE forward pass for all the good images of all the requests.
         predictions = []
         if images:
-            batch = torch.from_numpy(np.stack(images)).to(self.device)
+            batch = torch.from_numpy(np.stack(images)).to(self.device, self.dtype)
             with torch.inference_mode():
-                logits = self.model(batch).cpu().numpy()
+                logits = self.model(batch).float().cpu().numpy()
             predictions = food11.predict_from_logits(logits)  # softmax, then top-1
             pb_utils.Logger.log_info(f"served a batch of {len(images)} image(s) from {len(requests)} request(s)")
 
