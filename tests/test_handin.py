@@ -44,6 +44,21 @@ def test_save_warns_when_the_notebook_was_not_saved(tmp_path, monkeypatch, capsy
     assert "not found" in capsys.readouterr().out
 
 
+def test_save_reads_the_notebook_where_servelab_notebook_dir_says(tmp_path, monkeypatch, capsys):
+    """The reference run saves the executed notebook in a folder of its own before the hand-in cell
+    (servelab.course.reference.run_notebook), as a student's Ctrl+S does; the cell reads it there."""
+    monkeypatch.setenv("SERVELAB_RESULTS_DIR", str(tmp_path / "results"))
+    monkeypatch.chdir(tmp_path)
+    _notebook(tmp_path / "6a_triton_pipeline.ipynb", outputs=0)   # the unexecuted copy beside the kernel
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    _notebook(saved / "6a_triton_pipeline.ipynb", outputs=3)
+    monkeypatch.setenv("SERVELAB_NOTEBOOK_DIR", str(saved))
+    handin.save("6a_triton_pipeline", {})
+    out = capsys.readouterr().out
+    assert "3 cell output(s)" in out and "no outputs yet" not in out
+
+
 def test_save_says_how_to_fetch_the_zip_before_the_lease_ends(tmp_path, monkeypatch, capsys):
     """On the node (lease-end.txt in the kit's folder): the file-browser path, the node path, the copy cell
     of notebook 7 and the lease clock; locally, only the file-browser path."""

@@ -1,6 +1,6 @@
 """What a student hands in: the executed notebook and the figures it measured.
 
-The last cell of notebooks 4 and 6 calls :func:`save`:
+The last cell of notebooks 4, 6, 6a, 6b and 6c calls :func:`save`:
 
     from servelab.course import handin
     handin.save("6_triton", figures={"python_c1": py_c1, ...})
@@ -70,7 +70,8 @@ def save(notebook: str, figures: dict | None = None, notebook_dir: Path | None =
         n += 1
         out = results_dir() / f"{notebook}-{stamp}-{n}"
     out.mkdir(parents=True)
-    source = (notebook_dir or Path.cwd()) / f"{notebook}.ipynb"
+    # the notebook's own folder (the kernel's); SERVELAB_NOTEBOOK_DIR where it is saved elsewhere
+    source = Path(notebook_dir or os.environ.get("SERVELAB_NOTEBOOK_DIR") or Path.cwd()) / f"{notebook}.ipynb"
     outputs = 0
     if source.is_file():
         shutil.copy2(source, out / source.name)

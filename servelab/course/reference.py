@@ -238,16 +238,37 @@ def kernel_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def results_folder(name: str) -> Path:
+    """Where a reference run's notebook writes its results (its hand-in zip): under results/, so its
+    hand-in cell prints the path a student's prints; removed when the build ends."""
+    return paths.RESULTS_DIR / "reference" / name
+
+
 def run_notebook(name: str, env: dict[str, str], hooks: dict | None = None, timeout: int = 1800):
-    """Execute notebooks/<name>.ipynb (as committed) in a fresh python3 kernel started in notebooks/."""
+    """Execute notebooks/<name>.ipynb (as committed) in a fresh python3 kernel started in notebooks/.
+    Before the hand-in cell (``handin.save``) the notebook as executed so far is saved where that cell
+    reads it (``SERVELAB_NOTEBOOK_DIR``), as the student saves it (Ctrl+S) before running the cell."""
     import nbclient
     import nbformat
 
     nb = nbformat.read(notebooks.NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
+    hooks = dict(hooks or {})
+    edit = hooks.pop("on_cell_execute", None)
+    saved = Path(tempfile.mkdtemp(prefix=f"servelab-saved-{name}-"))
+
+    def on_cell_execute(cell, cell_index, **kw):
+        if edit:
+            edit(cell=cell, cell_index=cell_index, **kw)
+        if "handin.save(" in cell.source:
+            (saved / f"{name}.ipynb").write_text(nbformat.writes(nb), encoding="utf-8")
+
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=timeout, allow_errors=False,
                                      resources={"metadata": {"path": str(notebooks.NOTEBOOKS_DIR)}},
-                                     **(hooks or {}))
-    client.execute(env=env)
+                                     on_cell_execute=on_cell_execute, **hooks)
+    try:
+        client.execute(env={**env, "SERVELAB_NOTEBOOK_DIR": str(saved)})
+    finally:
+        shutil.rmtree(saved, ignore_errors=True)
     return nb
 
 
@@ -306,8 +327,8 @@ def run_4_fastapi(env_extra: dict, work: Path, log):
     from servelab.local import stack
 
     with stack.running(["fastapi_pt", "fastapi_onnx", "flask"], free_ports=True) as st:  # 4 retests the page
-        env = kernel_env(**st.env, SERVELAB_RESULTS_DIR=str(work / "results-4"), **env_extra)
-        return _with_retry(lambda: run_notebook("4_fastapi", env), "4_fastapi", work / "results-4", log)
+        env = kernel_env(**st.env, SERVELAB_RESULTS_DIR=str(results_folder("4_fastapi")), **env_extra)
+        return _with_retry(lambda: run_notebook("4_fastapi", env), "4_fastapi", results_folder("4_fastapi"), log)
 
 
 def _run_against_triton(name: str, env_extra: dict, work: Path, log, env_of, hooks_of=lambda repo: None,
@@ -321,7 +342,7 @@ def _run_against_triton(name: str, env_extra: dict, work: Path, log, env_of, hoo
     repo = work / f"models-{name}"
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(paths.REPO_ROOT / "models_staging", repo, ignore=shutil.ignore_patterns("__pycache__"))
-    results = work / f"results-{name}"
+    results = results_folder(name)
     ports = [procs.free_port() for _ in range(3)]
     with triton.running(repo, models=models, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
         env = kernel_env(**env_of(t, repo), SERVELAB_RESULTS_DIR=str(results), **env_extra)
@@ -357,7 +378,7 @@ def run_6f_token_streaming(env_extra: dict, work: Path, log):
     from servelab import triton
     from servelab.core import procs
 
-    results = work / "results-6f_token_streaming"
+    results = results_folder("6f_token_streaming")
     ports = [procs.free_port() for _ in range(3)]
     with triton.running(paths.MODELS_STREAMING, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
                         workdir=work / "triton-6f") as t:
@@ -453,6 +474,7 @@ def build(reference_dir: Path = COMMITTED_DIR, scale: str = "lesson", log=print)
             shutil.rmtree(reference_dir)
         reference_dir.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(staged, reference_dir)
+    shutil.rmtree(results_folder("x").parent, ignore_errors=True)   # the runs' hand-in zips
     if reference_dir == COMMITTED_DIR:
         for path in notebooks.build(quiet=True):  # the lab's answer keys now quote this run
             log(f"rebuilt {path.relative_to(paths.REPO_ROOT)} (its answer keys quote the new reference)")

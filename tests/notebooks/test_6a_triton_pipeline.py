@@ -40,6 +40,8 @@ def test_6a_triton_pipeline_runs_against_a_local_triton(tmp_path, jupyter_sdk_im
         assert not sdk or Path(LAST_KERNEL_ARGV[0]).parent.resolve() == (sdk / "bin").resolve()
         final = t.model_config("food_classifier_onnx")
     text = notebook_text(nb)
+    # the hand-in cell (issue 52): a zip with the figures the run measured
+    assert len(list((tmp_path / "results").glob("6a_triton_pipeline-*.zip"))) == 1 and "figures.json: 4 measurement(s)" in text
     (tmp_path / "6a.txt").write_text(text)  # the executed notebook's text, for a failed assertion below
     passed = _no_failed_check(text)
     assert len(passed) == 8, passed

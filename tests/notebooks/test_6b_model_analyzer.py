@@ -38,12 +38,16 @@ def test_6b_model_analyzer_runs_against_a_local_triton(tmp_path):
     with triton.running(repo, models=["food_classifier_onnx"], http_port=ports[0], grpc_port=ports[1],
                         metrics_port=ports[2]) as t:
         env = base_kernel_env(TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_ADMIN_KEY=t.admin_key,
-                              TRITON_MODEL_REPOSITORY=str(repo), **REDUCED)
+                              TRITON_MODEL_REPOSITORY=str(repo), SERVELAB_RESULTS_DIR=str(tmp_path / "results"),
+                              **REDUCED)
         nb = run_notebook("6b_model_analyzer", env, timeout=600)
         final = t.model_config("food_classifier_onnx")
     text = notebook_text(nb)
     passed = _no_failed_check(text)
     assert len(passed) == 5, passed
+    # the hand-in cell (issue 52): a zip with the figures the run measured
+    (zipped,) = (tmp_path / "results").glob("6b_model_analyzer-*.zip")
+    assert "figures.json: 2 measurement(s)" in text and zipped.stat().st_size > 0
     # the prediction, the tool's rows and ranking, the side-by-side table filled from both
     assert re.search(r"^ 1\. 1 copy, .* infer/s at +\d+ clients, p99", text, re.M)
     tables = [o["data"]["text/markdown"] for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])

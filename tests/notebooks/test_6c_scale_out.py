@@ -31,6 +31,8 @@ def test_6c_runs_against_the_local_scale_out_lab(tmp_path, jupyter_sdk_image_env
         # the image's Python, not the venv's (build/image-envs may be a link: compare the folders)
         assert not sdk or Path(LAST_KERNEL_ARGV[0]).parent.resolve() == (sdk / "bin").resolve()
     text = notebook_text(nb)
+    # the hand-in cell (issue 52): a zip with the figures the run measured
+    assert len(list((tmp_path / "results").glob("6c_scale_out-*.zip"))) == 1 and "figures.json: 2 measurement(s)" in text
     passed = _no_failed_check(text)
     assert len(passed) == 7, passed
     # the three setups measured, each replica's count shown, predictions beside them
