@@ -11,7 +11,7 @@ import pytest
 
 from servelab.course import reference
 
-from .nbkit import base_kernel_env, notebook_text, run_notebook
+from .nbkit import base_kernel_env, image_kernel_env, notebook_text, run_notebook
 from .test_measurement_notebooks import _no_failed_check
 
 # quiet: the notebook times token streams
@@ -20,22 +20,36 @@ pytestmark = [pytest.mark.quiet, pytest.mark.e2e]
 REDUCED = reference.SCALES["reduced"]["6f_token_streaming"]
 
 
-def test_6f_token_streaming_runs_against_a_local_triton(tmp_path):
+@pytest.mark.parametrize("kernel", ["kit venv", "jupyter image"])
+def test_6f_token_streaming_runs_against_a_local_triton(tmp_path, kernel, jupyter_sdk_image_env):
+    """Twice: in the kit's venv (a laptop: the kernel has the server's decoder, PyTorch), and in the node's
+    Jupyter image's package set (no PyTorch: the compose check found 6f stopping there on `import torch`;
+    the two models are then compared with each other, and the prefill read from a lone request)."""
     from servelab import triton
     from servelab.core import paths, procs
+    from tests.images import imagekit
 
+    sdk = jupyter_sdk_image_env if kernel == "jupyter image" else None
+    if kernel == "jupyter image" and sdk is None:
+        pytest.skip("no Python 3.10 here for the Jupyter image's package set (test_sdk_image_python_is_here)")
+    kernel_env = (lambda **kw: image_kernel_env(sdk, imagekit.sdk_tools(), **kw)) if sdk else base_kernel_env
     ports = [procs.free_port() for _ in range(3)]
     with triton.running(paths.MODELS_STREAMING, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
                         workdir=tmp_path / "triton") as t:
-        env = base_kernel_env(TRITON_STREAMING_URL=t.url, TRITON_STREAMING_GRPC_URL=t.grpc_url, **REDUCED)
-        nb = run_notebook("6f_token_streaming", env, timeout=300)
+        env = kernel_env(TRITON_STREAMING_URL=t.url, TRITON_STREAMING_GRPC_URL=t.grpc_url, **REDUCED)
+        nb = run_notebook("6f_token_streaming", env, timeout=300, python_env=sdk)
         log = t.log_path.read_text()
     (tmp_path / "6f_token_streaming.ipynb").write_text(nbformat.writes(nb))  # for a look after a failure
     text = notebook_text(nb)
     checks = _no_failed_check(text)
-    # two streams by hand, two load checks and the tokens, the model, two disconnects
-    assert len(checks) == 8, checks
-    assert "request level: the tokens of the plain one-request loop" in text
+    # two streams by hand (one without a decoder here), two load checks and the tokens, the model, two disconnects
+    assert len(checks) == (7 if sdk else 8), checks
+    if sdk:
+        assert "iteration level: the tokens of the request-level model" in text
+        assert "a prefill, as the lone request above saw it" in text
+    else:
+        assert "request level: the tokens of the plain one-request loop" in text
+        assert re.search(r"the decoder alone, in this kernel: b = 1 [0-9.]+ ms, b = 8 [0-9.]+ ms", text)
     assert re.search(r"✔ [^\n]*every request got the same tokens from both schedulers", text), text[-3000:]
     tables = "\n".join(o["data"]["text/markdown"] for c in nb.cells if c.cell_type == "code"
                        for o in c.get("outputs", []) if "text/markdown" in o.get("data", {}))
@@ -47,7 +61,6 @@ def test_6f_token_streaming_runs_against_a_local_triton(tmp_path):
         assert re.search(rf"{scheduler}: got 3 of 512 tokens, then closed the stream; the next client got 8 of 8",
                          text), scheduler
     assert re.search(r"in Triton, a step of b requests: [0-9.]+ \+ [0-9.]+ x b ms", text)
-    assert re.search(r"the decoder alone, in this kernel: b = 1 [0-9.]+ ms, b = 8 [0-9.]+ ms", text)
     # the server saw both clients leave, long before their 512 tokens
     left = [int(n) for n in re.findall(r"cancelled by its client with (\d+) token", log)]
     assert len(left) == 2 and min(left) > 400, log[-3000:]
