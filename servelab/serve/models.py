@@ -388,6 +388,15 @@ def build_preferring(trained: str | Path, force: bool = False, out_dir: Path | N
         return build(None, out_dir=out_dir, force=force, place=place, log=log)
 
 
+def _stamped(stamp: Path, fp: dict, built: Path) -> dict | None:
+    """The stamp's record when ``built`` is what it records, made from the recipe ``fp``; else None."""
+    try:
+        info = json.loads(stamp.read_text())
+        return info if info.get("fingerprint") == fp and _sha256(built) == info["sha256"][built.name] else None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def build_second_version(out_dir: Path | None = None, force: bool = False, place: bool = True,
                          log=print) -> Path:
     """``food11_v2.onnx`` (demo weights, seed ``DEMO_SEED + 1``), placed as
@@ -398,12 +407,8 @@ def build_second_version(out_dir: Path | None = None, force: bool = False, place
     out_dir = Path(out_dir or paths.MODELS_BUILD_DIR)
     onnx_path, stamp = out_dir / "food11_v2.onnx", out_dir / "build_v2.json"
     fp = {"recipe": BUILD_RECIPE, "torch": torch.__version__, "weights": {"kind": "demo", "seed": DEMO_SEED + 1}}
-    try:
-        info = json.loads(stamp.read_text())
-        current = info.get("fingerprint") == fp and _sha256(onnx_path) == info["sha256"]["food11_v2.onnx"]
-    except (OSError, ValueError, KeyError):
-        current = False
-    if force or not current:
+    info = _stamped(stamp, fp, onnx_path)
+    if force or info is None:
         t0 = time.perf_counter()
         model = build_demo_model(seed=DEMO_SEED + 1)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -451,12 +456,9 @@ def build_fp16(out_dir: Path | None = None, force: bool = False, log=print) -> P
     main = json.loads((out_dir / "build.json").read_text())   # what build() made food11.pth from
     fp = {"recipe": BUILD_RECIPE, "torch": torch.__version__, "food11.pth": _sha256(pth),
           "weights": main["fingerprint"]["weights"]}
-    try:
-        info = json.loads(stamp.read_text())
-        current = info.get("fingerprint") == fp and _sha256(onnx_path) == info["sha256"]["food11_fp16.onnx"]
-    except (OSError, ValueError, KeyError):
-        current = False
-    if force or not current:
+    info = _stamped(stamp, fp, onnx_path)
+    rebuilt = force or info is None
+    if rebuilt:
         t0 = time.perf_counter()
         model = torch.load(pth, map_location="cpu", weights_only=False).eval()
 
@@ -482,7 +484,7 @@ def build_fp16(out_dir: Path | None = None, force: bool = False, log=print) -> P
         log(f"built the FP16 ONNX classifier in {time.perf_counter() - t0:.1f} s: max |Δlogit| against fp32 "
             f"{fidelity['max_abs_logit_diff']:.3f}, top-1 the same on {fidelity['top1_agreement']:.0%} of "
             f"{fidelity['images']} images")
-    log(f"  built  {_rel(onnx_path)} (FP16; notebook 6e serves it)")
+    log(f"  {'built ' if rebuilt else 'kept  '} {_rel(onnx_path)} (FP16; notebook 6e serves it)")
     return onnx_path
 
 

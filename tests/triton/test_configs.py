@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -19,6 +18,8 @@ import pytest
 from servelab import triton
 from servelab.core import food11, paths
 from servelab.triton_runner import ONNX_RUNNER
+
+from . import pbstub
 
 pb = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 STAGING = paths.MODELS_STAGING
@@ -116,39 +117,12 @@ def test_model_code_parses_on_older_pythons(path, version, tmp_path):
         assert proc.returncode == 0, proc.stderr
 
 
-class _Tensor:
-    def __init__(self, name, array):
-        self.name, self.array = name, array
-
-    def as_numpy(self):
-        return self.array
-
-
-class _TritonError(Exception):
-    INVALID_ARG = 3
-
-    def __init__(self, message, code=0):
-        super().__init__(message)
-        self.code = code
-
-
-def _stand_in_pb_utils() -> types.ModuleType:
-    """The names of triton_python_backend_utils that food_classifier's model.py uses; a response is a
-    dict (its output tensors by name, or its error)."""
-    pb_utils = types.ModuleType("triton_python_backend_utils")
-    pb_utils.Tensor = _Tensor
-    pb_utils.get_input_tensor_by_name = lambda request, name: _Tensor(name, request[name])
-    pb_utils.InferenceResponse = lambda output_tensors=(), error=None: (
-        {"error": error} if error is not None else {t.name: t.array for t in output_tensors})
-    pb_utils.TritonError = _TritonError
-    pb_utils.Logger = types.SimpleNamespace(log_info=lambda msg: None)
-    return pb_utils
 
 
 def _food_classifier_model_py(monkeypatch):
     import importlib.util
 
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _stand_in_pb_utils())
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pbstub.stand_in())
     spec = importlib.util.spec_from_file_location("food_classifier_model_py", STAGING / "food_classifier" / "1" / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -205,7 +179,7 @@ def test_model_py_answers_each_request_with_the_softmax_top1(artifacts, sample_p
     expected = [(food11.LABELS[int(p.argmax())], float(p.max())) for p in probs]
 
     assert len(responses) == 3 and set(responses[1]) == {"error"}
-    assert responses[1]["error"].code == _TritonError.INVALID_ARG and "not_an_image" in str(responses[1]["error"])
+    assert responses[1]["error"].code == pbstub.TritonError.INVALID_ARG and "not_an_image" in str(responses[1]["error"])
     got = []
     for r, rows in ((responses[0], 1), (responses[2], 3)):
         assert r["FOOD_LABEL"].shape == (rows, 1) and r["PROBABILITY"].shape == (rows, 1), r

@@ -10,7 +10,6 @@ import importlib.util
 import io
 import json
 import sys
-import types
 import warnings
 
 import numpy as np
@@ -18,6 +17,8 @@ import pytest
 
 from servelab.core import food11, paths
 from tests.services.helpers import bomb_png, scan_bomb_jpeg, truncated_jpeg, truncated_jpeg_with_end
+
+from . import pbstub
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torchvision 0.29 here; the image pins 0.22.1
 torch = pytest.importorskip("torch")
@@ -34,33 +35,13 @@ CPU = torch.device("cpu")
 SAMPLE_MAX_DIFF, DRAFTED_MAX_DIFF, MEAN_DIFF = 0.02, 0.08, 0.006
 
 
-class _Tensor:
-    def __init__(self, name, array):
-        self.name, self.array = name, array
-
-    def as_numpy(self):
-        return self.array
-
-
-class _TritonError(Exception):
-    INVALID_ARG = 3
-
-    def __init__(self, message, code=0):
-        super().__init__(message)
-        self.code = code
 
 
 @pytest.fixture
 def model_py(monkeypatch):
     """model.py loaded against a stand-in of the backend's utilities; ``.logged`` holds its log lines."""
     logged: list[str] = []
-    pb_utils = types.ModuleType("triton_python_backend_utils")
-    pb_utils.Tensor = _Tensor
-    pb_utils.get_input_tensor_by_name = lambda request, name: _Tensor(name, request[name])
-    pb_utils.InferenceResponse = lambda output_tensors=(), error=None: (
-        {"error": error} if error is not None else {t.name: t.array for t in output_tensors})
-    pb_utils.TritonError = _TritonError
-    pb_utils.Logger = types.SimpleNamespace(log_info=logged.append, log_warn=logged.append)
+    pb_utils = pbstub.stand_in(logged)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb_utils)
     spec = importlib.util.spec_from_file_location("food_preprocess_model_py", MODEL_PY)
     module = importlib.util.module_from_spec(spec)
@@ -216,7 +197,7 @@ def test_the_gpu_route_batches_jpegs_leaves_pngs_to_the_cpu_and_fails_only_bad_r
     assert batches == [3]   # the good requests' JPEGs, in one nvJPEG batch; the PNGs and the bad ones not
     np.testing.assert_array_equal(responses[0]["IMAGE_TENSOR"], _gpu_path(model_py, [jpegs[0]]))
     for (code, _), response in zip(bad, responses[1:4]):
-        assert set(response) == {"error"} and response["error"].code == _TritonError.INVALID_ARG
+        assert set(response) == {"error"} and response["error"].code == pbstub.TritonError.INVALID_ARG
         assert str(response["error"]).startswith(f"{code}: "), (code, str(response["error"]))
     np.testing.assert_array_equal(responses[4]["IMAGE_TENSOR"], food11.preprocess(png)[None])
     mixed = responses[5]["IMAGE_TENSOR"]
