@@ -10,13 +10,18 @@ What a student does on the node, in order, with the node's own files and command
    command runs Model Analyzer in its own container, docker-compose-analyzer.yaml);
 6. notebook 6c inside the Jupyter container, its own node command starting the scale overlay;
    notebook 6f the same way, its command starting the token-streaming overlay (a second Triton);
-7. the node doctor, the published ports against docs/SECURITY.md, and ``down -v`` of every stack,
-   after which no container, network, volume or ``/dev/shm`` file of the lab is left.
+7. the node doctor, and the reference bundle of the notebooks it ran, written and checked as
+   ``python3 -m servelab.node.reference`` writes it on the node (``build/compose-check/reference-bundle/``,
+   labelled "CPU (stand-ins)");
+8. ``down -v`` of every stack, after which no container, network, volume or ``/dev/shm`` file of the
+   lab is left (it runs whatever failed before). The published ports are checked against
+   docs/SECURITY.md after each stack starts.
 
 Node commands come from the notebooks' own text (fenced ``bash`` blocks that start with
 ``# runs on node-serve-system``) and run as written, with one rule every Compose file's header gives
 a host without an NVIDIA GPU: after ``-f …/docker-compose-X.yaml`` add ``-f …/docker-compose-X.cpu.yaml``
-where that file exists. The kit is copied (its tracked files) to ``$HOME/serve-system-chi`` of a
+where that file exists. Running them and the notebooks is :mod:`servelab.node.labrun`, the code the
+node's reference run uses too. The kit is copied (its tracked files) to ``$HOME/serve-system-chi`` of a
 private HOME, owned by uid 1000 like ``cc`` on the node. dockerd is started if none runs, and stopped
 again at the end; only what the check started is stopped.
 """
@@ -26,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import threading
@@ -36,50 +40,41 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from servelab.bench.validity import MAX_OTHER_CORES
-from servelab.composecheck import incontainer, standins
+from servelab.composecheck import standins
 from servelab.core import paths
 from servelab.node import compose as node_compose
+from servelab.node import labrun
+from servelab.node import reference as node_reference
 
-KIT = paths.KIT_DIR_ON_NODE
-NODE_BLOCK = re.compile(r"```bash\n# runs on node-serve-system\n(.*?)```", re.S)
-SECTION = re.compile(r"^## (.*)$", re.M)
-# Node blocks the check does not run: the GPU tools (no GPU here; nvtop is interactive too), and the
-# "done for the day" teardown (the check ends every stack itself with `down -v`).
-SKIP_BLOCK = re.compile(r"^\s*(nvtop|nvidia-smi)\b[^\n]*$", re.M)
-SKIP_SECTIONS = ("When you are done",)
-COMPOSE_FILE = re.compile(r"-f (~/" + KIT + r"/docker/docker-compose-([a-z]+)\.yaml)")
-DOCTOR = re.compile(r"python3 -m servelab\.node\.doctor[^\n]*")
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
+KIT = labrun.KIT
+NODE_BLOCK = labrun.NODE_BLOCK
+SKIP_BLOCK = labrun.GPU_TOOLS
+ANSI = labrun.ANSI
 # Other work on the host above this many cores during a notebook: its timed checks are not evidence
 # (the kit's own rule for a run).
 OTHER_CORES_LIMIT = MAX_OTHER_CORES
 PROJECTS = ("servelab-fastapi", "servelab-triton", "servelab-models")
 # docs/SECURITY.md: these are published on the node's public address; everything else on loopback only.
 PUBLIC_PORTS = {"flask": {"80"}, "fastapi_server": {"8000"}, "jupyter": {"8888"}}
+# The reference bundle the check writes from the notebooks it ran (servelab.node.reference's layout).
+BUNDLE = "reference-bundle"
+
+CheckFailed = labrun.LabFailed
 
 
-class CheckFailed(RuntimeError):
-    pass
+class Check(labrun.LabRunner):
+    """The steps of the check; running node blocks and notebooks is :class:`labrun.LabRunner`'s, the
+    same code path as the node's reference run (servelab.node.reference)."""
 
-
-class Check:
     def __init__(self, work: Path, log_path: Path):
+        super().__init__(work / "home" / KIT, log_path, cpu=True, scale="reduced", handoff="compose-check")
         self.work = work
-        self.home = work / "home"
-        self.kit = self.home / KIT
-        self.log_file = log_path.open("a")
         self.steps: list[dict] = []
-        self.notebooks: list[dict] = []
         self.findings: list[str] = []
         self.memory: dict[str, int] = {}
+        self.doctor_report = ""
 
     # ---------------------------------------------------------------- plumbing
-    def log(self, msg: str) -> None:
-        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
-        print(line, flush=True)
-        self.log_file.write(line + "\n")
-        self.log_file.flush()
-
     @contextmanager
     def step(self, name: str):
         self.log(f"== {name}")
@@ -98,77 +93,9 @@ class Check:
         env.pop("DOCKER_CONFIG", None)
         return env
 
-    def sh(self, script: str, check: bool = True, timeout: float = 3600) -> subprocess.CompletedProcess:
-        proc = subprocess.run(["bash", "-c", script], cwd=self.home, env=self.env(), text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
-        self.log_file.write(proc.stdout)
-        self.log_file.flush()
-        if check and proc.returncode != 0:
-            raise CheckFailed(f"exit {proc.returncode}: {script.strip()}\n{proc.stdout[-3000:]}")
-        return proc
-
     # ---------------------------------------------------------------- the node's commands
-    def cpu_variant(self, script: str) -> str:
-        """Add each Compose file's CPU override after it, as its header tells a host without a GPU, and
-        ``--cpu`` to the doctor, as its own fix line says there."""
-        def add(m):
-            cpu = self.kit / "docker" / f"docker-compose-{m.group(2)}.cpu.yaml"
-            return m.group(0) + (f" -f ~/{KIT}/docker/{cpu.name}" if cpu.exists() else "")
-        script = DOCTOR.sub(lambda m: m.group(0) if "--cpu" in m.group(0) else m.group(0) + " --cpu", script)
-        return COMPOSE_FILE.sub(add, script)
-
-    def node_blocks(self, notebook: str) -> list[str]:
-        text = (paths.REPO_ROOT / "notebooks" / "src" / f"{notebook}.md").read_text()
-        blocks = []
-        for m in NODE_BLOCK.finditer(text):
-            headings = SECTION.findall(text[:m.start()])
-            if headings and headings[-1].startswith(SKIP_SECTIONS):
-                continue
-            if not SKIP_BLOCK.search(m.group(1)):
-                blocks.append(m.group(1))
-        return blocks
-
-    def run_node_block(self, script: str) -> int:
-        if SKIP_BLOCK.search(script):
-            self.log("skipped (a GPU tool; no GPU here): " + script.strip().replace("\n", "; "))
-            return 0
-        script = self.cpu_variant(script)
+    def before_node_block(self) -> None:
         self.memory_peaks(quiet=True)  # a command may recreate a container: keep what it used so far
-        self.log("$ " + script.strip().replace("\n", "\n$ "))
-        proc = self.sh(script, check=False)
-        tail = "\n".join(proc.stdout.strip().splitlines()[-12:])
-        self.log(f"exit {proc.returncode}" + (f"\n{tail}" if tail else ""))
-        if re.search(r"docker compose .*\b(up|restart)\b", script):
-            self.wait_healthy()
-        return proc.returncode
-
-    def wait_healthy(self, timeout: float = 600) -> None:
-        """Every running lab container healthy (or without a health check); fail on one that exited."""
-        deadline = time.monotonic() + timeout
-        while True:
-            states = self.containers()
-            waiting = {n: s for n, s in states.items() if s not in ("healthy", "running", "exited 0")}
-            bad = {n: s for n, s in waiting.items() if s.startswith("exited") or s == "unhealthy"}
-            if bad:
-                raise CheckFailed(f"containers failed: {bad}\n" + "\n".join(
-                    self.sh(f"docker logs --tail 30 {n} 2>&1", check=False).stdout for n in bad))
-            if not waiting:
-                self.log("healthy: " + ", ".join(f"{n} ({s})" for n, s in sorted(states.items())))
-                return
-            if time.monotonic() > deadline:
-                raise CheckFailed(f"not healthy after {timeout:.0f} s: {waiting}")
-            time.sleep(3)
-
-    def containers(self) -> dict[str, str]:
-        out = self.sh("docker ps -a --filter label=com.docker.compose.project --format '{{.Names}}'").stdout.split()
-        states = {}
-        for name in out:
-            fmt = "{{.State.Status}} {{.State.ExitCode}} {{if .State.Health}}{{.State.Health.Status}}{{end}}"
-            status, code, health = (self.sh(f"docker inspect -f '{fmt}' {name}").stdout.split() + [""])[:3]
-            if name.endswith("_repository") or name == "triton_cpu_repository":
-                continue  # one-shot copy of the model repository
-            states[name] = health or (f"exited {code}" if status == "exited" else status)
-        return states
 
     @staticmethod
     def host() -> str:
@@ -219,61 +146,23 @@ class Check:
         """(wall s, CPU-s used by work outside the lab's containers) between two samples."""
         return after[0] - before[0], max(0.0, (after[1] - before[1]) - (after[2] - before[2]))
 
-    def opening_blocks(self, notebook: str) -> list[str]:
-        """The node blocks a notebook asks for before its first code cell ("before you run any cell")."""
-        text = (paths.REPO_ROOT / "notebooks" / "src" / f"{notebook}.md").read_text()
-        head = text[:text.find("```{code-cell}")]
-        return [m.group(1) for m in NODE_BLOCK.finditer(head)]
+    def notebook_starting(self, name: str) -> None:
+        self._sample = self.cpu_sample()
+        self._node_time = [0.0, 0.0]
 
-    def notebook_in_jupyter(self, name: str, hand_edit: str | None = None, timeout: float = 1800) -> dict:
-        opening = self.opening_blocks(name)
-        for block in opening:
-            self.run_node_block(block)
-        handoff = self.kit / "build" / "compose-check" / name
-        shutil.rmtree(handoff, ignore_errors=True)
-        handoff.mkdir(parents=True)
-        os.chown(handoff, 1000, 1000)
-        inside = f"/home/jovyan/{KIT}/build/compose-check/{name}"
-        cmd = ["docker", "exec", "jupyter", "python3", "-m", "servelab.composecheck.incontainer", name,
-               "--handoff", inside]
-        if hand_edit:
-            cmd += ["--hand-edit", hand_edit]
-        if opening:
-            cmd.append("--opened")
-        self.log("$ " + " ".join(cmd))
-        sample = self.cpu_sample()
-        node_time = [0.0, 0.0]
-        proc = subprocess.Popen(cmd, env=self.env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        output: list[str] = []
-        reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
-        reader.start()
-        served = 0
-        deadline = time.monotonic() + timeout
-        while proc.poll() is None:
-            request = handoff / f"request-{served + 1}.sh"
-            if request.exists():
-                served += 1
-                before = self.cpu_sample()
-                code = self.run_node_block(request.read_text())
-                node_wall, node_cpu = self.other_work(before, self.cpu_sample())
-                node_time[0] += node_wall  # the node's own commands (builds, restarts) run between cells:
-                node_time[1] += node_cpu   # their CPU is not other work during the notebook's runs
-                incontainer.write_whole(handoff / f"done-{served}", str(code))
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise CheckFailed(f"notebook {name} ran past {timeout:.0f} s")
-            time.sleep(0.5)
-        reader.join(timeout=10)
-        text = "".join(output)
-        self.log_file.write(text)
-        summary = next((json.loads(line[8:]) for line in text.splitlines() if line.startswith("SUMMARY ")), None)
-        if summary is None:
-            raise CheckFailed(f"notebook {name} gave no summary (exit {proc.returncode}):\n{text[-3000:]}")
-        summary["node_commands"] = served
-        wall, cpu = self.other_work(sample, self.cpu_sample())
-        summary["host_other_cores"] = round(max(0.0, cpu - node_time[1]) / max(1e-9, wall - node_time[0]), 2)
+    def serve_request(self, script: str) -> int:
+        before = self.cpu_sample()
+        code = super().serve_request(script)
+        node_wall, node_cpu = self.other_work(before, self.cpu_sample())
+        self._node_time[0] += node_wall  # the node's own commands (builds, restarts) run between cells:
+        self._node_time[1] += node_cpu   # their CPU is not other work during the notebook's runs
+        return code
+
+    def notebook_finished(self, summary: dict) -> None:
+        name = summary["notebook"]
+        wall, cpu = self.other_work(self._sample, self.cpu_sample())
+        summary["host_other_cores"] = round(max(0.0, cpu - self._node_time[1]) / max(1e-9, wall - self._node_time[0]), 2)
         summary["judged"] = summary["host_other_cores"] < OTHER_CORES_LIMIT
-        self.notebooks.append(summary)
         self.log(f"notebook {name} in the Jupyter container (Python {summary['python']}): {summary['checks']}, "
                  f"{summary['seconds']} s; other work on the host {summary['host_other_cores']} cores"
                  + ("" if summary["judged"] else " (its timed checks are not evidence: the host was busy)")
@@ -282,9 +171,6 @@ class Check:
             self.memory_peaks(quiet=True)
             self.findings.append(self.diagnose(f"after notebook {name}"
                                                + (" stopped on an error" if summary["error"] else " failed a check")))
-        if summary["error"]:
-            raise CheckFailed(f"notebook {name}: {ANSI.sub('', summary['error'])}")
-        return summary
 
     # The notebooks that edit the Triton stack's model repository (a retry starts from the shipped one).
     TRITON_STACK_NOTEBOOKS = ("6a_triton_pipeline", "6b_model_analyzer")
@@ -422,6 +308,22 @@ class Check:
                  if p.name not in self.shm_before]
         return left
 
+    def reference_bundle(self) -> dict:
+        """The bundle the node's reference run writes (servelab.node.reference), from the notebooks this
+        check ran, in ``<work>/reference-bundle/``; checked as that command checks it."""
+        out = self.work / BUNDLE
+        gpu_lines = node_reference.gpus()
+        manifest = node_reference.write_bundle(
+            out, self.notebooks, label=node_reference.label(gpu_lines, standins=True),
+            machine=node_reference.machine(gpu_lines), gpus=gpu_lines, doctor=self.doctor_report,
+            scale=self.scale, commit=node_reference.commit(paths.REPO_ROOT))
+        problems = node_reference.check_bundle(out, node_reference.LAB)
+        if problems:
+            raise CheckFailed(f"the reference bundle in {out}: " + "; ".join(problems))
+        self.log(f"reference bundle ({manifest['label']}) in {out}: "
+                 + ", ".join(f"{n} {m} min" for n, m in manifest["minutes"].items()))
+        return manifest
+
     def down_all(self) -> None:
         for project in PROJECTS:
             self.sh(f"docker compose -p {project} down -v --remove-orphans", check=False)
@@ -484,11 +386,13 @@ class Check:
                 self.ports()
             self.memory_peaks()
             with self.step("the node doctor beside the running stack"):
-                proc = self.sh(f"cd ~/{KIT} && python3 -m servelab.node.doctor --stack triton --cpu", check=False)
-                self.log(proc.stdout.strip())
-                fails = [ln for ln in proc.stdout.splitlines() if ln.lstrip().startswith("FAIL")]
+                self.doctor_report = node_reference.doctor_report(self)
+                self.log(self.doctor_report)
+                fails = [ln for ln in self.doctor_report.splitlines() if ln.lstrip().startswith("FAIL")]
                 if fails:
                     self.findings.append("doctor: " + "; ".join(fails))
+            with self.step("the reference bundle of these notebooks (servelab.node.reference's)"):
+                self.reference_bundle()
         except CheckFailed as err:
             self.log(f"FAILED: {err}")
         finally:

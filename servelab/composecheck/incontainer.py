@@ -9,6 +9,11 @@ blocks that start with ``# runs on node-serve-system``). Before the first code c
 block, this runner writes the block to ``<handoff>/request-N.sh`` and waits for the check, on the
 node, to run it and write ``<handoff>/done-N`` (its exit code). So those commands run as written,
 where the student runs them, and the notebook goes on as it would for the student.
+
+The notebook runs through ``servelab.course.reference.run_notebook``, as ``make reference`` runs it (saved
+before its hand-in cell, as the student saves it). The executed notebook is left in the handoff folder,
+whole (``NAME.ipynb``) and trimmed as ``make reference`` trims it (``NAME.trimmed.ipynb``): the node's
+reference bundle (``servelab.node.reference``) is made of these.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import time
 from pathlib import Path
 
 from servelab.course import reference
+from servelab.node.labrun import write_whole
 
 NODE_BLOCK = re.compile(r"```bash\n(# runs on node-serve-system\n.*?)```", re.S)
 
@@ -29,14 +35,6 @@ NODE_BLOCK = re.compile(r"```bash\n(# runs on node-serve-system\n.*?)```", re.S)
 def node_commands(markdown: str) -> list[str]:
     """The node-side bash blocks in a markdown cell, each as one script."""
     return [m.group(1) for m in NODE_BLOCK.finditer(markdown)]
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write ``path`` so that whoever polls for it never sees it half-written: the other side acts on
-    the file as soon as it exists, so it appears (by rename) only with its whole text."""
-    part = path.with_name(f".{path.name}.part")
-    part.write_text(text)
-    os.replace(part, path)
 
 
 def handoff_hook(nb, handoff: Path, timeout: float, opened: bool = False, log=print):
@@ -67,7 +65,6 @@ def handoff_hook(nb, handoff: Path, timeout: float, opened: bool = False, log=pr
 
 
 def main(argv=None) -> int:
-    import nbclient
     import nbformat
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -93,20 +90,22 @@ def main(argv=None) -> int:
         if edit:
             edit(cell=cell, cell_index=cell_index)
 
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=int(args.timeout), allow_errors=False,
-                                     resources={"metadata": {"path": str(reference.notebooks.NOTEBOOKS_DIR)}},
-                                     on_cell_execute=on_cell_execute)
     started = time.monotonic()
     error = None
     try:
-        client.execute(env=env)
+        reference.run_notebook(args.name, env, hooks={"on_cell_execute": on_cell_execute},
+                               timeout=int(args.timeout), nb=nb)
     except Exception as err:  # a failing cell: report it with the checks so far
         error = f"{type(err).__name__}: {str(err)[-2000:]}"
     out = args.handoff / f"{args.name}.ipynb"
     nbformat.write(nb, out)
+    trimmed = reference.trim(nbformat.reads(nbformat.writes(nb), as_version=4))   # a copy, as make reference keeps it
+    nbformat.write(trimmed, args.handoff / f"{args.name}.trimmed.ipynb")
     summary = {"notebook": args.name, "seconds": round(time.monotonic() - started, 1),
                "checks": reference._counts(nb), "failed": reference.failed_checks(nb), "error": error,
-               "python": sys.version.split()[0], "executed": str(out)}
+               "python": sys.version.split()[0], "executed": str(out), "scale": args.scale,
+               "settings": reference.SCALES[args.scale].get(args.name, {}),
+               "source_sha256": reference.source_hash(reference.notebooks.SOURCE_DIR / f"{args.name}.md")}
     print("SUMMARY " + json.dumps(summary), flush=True)
     return 1 if error else 0
 

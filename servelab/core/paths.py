@@ -18,6 +18,9 @@ MODELS_BUILD_DIR = BUILD_DIR / "models"
 # checked it (on the node).
 TRAINED_WEIGHTS = BUILD_DIR / "trained" / "food11.pth"
 RESULTS_DIR = REPO_ROOT / "results"
+# The node's reference run (servelab.node.reference), committed: the site shows it beside docs/reference/
+# and the lesson tables cite its minutes.
+NODE_REFERENCE_DIR = REPO_ROOT / "docs" / "reference-node"
 MODELS_STAGING = REPO_ROOT / "models_staging"
 MODELS_STREAMING = REPO_ROOT / "models_streaming"   # the token-streaming lesson's two models (notebook 6f)
 INPUT_JSON = REPO_ROOT / "input.json"

@@ -14,8 +14,12 @@ their leading integer, then their suffix, so "6b" goes after "6" and before
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
+
+from servelab.core import paths
 
 # The comment every code cell (and every shell block in a markdown cell) starts with.
 RUNS_CHAMELEON_JUPYTER = "# runs in Chameleon Jupyter environment"
@@ -199,7 +203,8 @@ def table(link_prefix: str = "", numbered: bool = False) -> str:
     rows = [(f"| {les.number} " if numbered else "") +
             f"| [{les.slug}]({link_prefix}{les.slug}.ipynb) | {les.title} | {les.where} | "
             f"{SESSIONS[les.session].title.split(':')[0]}, {les.minutes} |" for les in LESSONS]
-    return "\n".join(head + rows + ["", session_table(), "", extension_sources()])
+    measured = measured_table()
+    return "\n".join(head + rows + ["", session_table(), "", extension_sources()] + (["", measured] if measured else []))
 
 
 def session_minutes(key: str) -> int:
@@ -221,6 +226,31 @@ def extension_sources() -> str:
     """Where each extension's minutes come from (the core's rows are 0_intro's budget table)."""
     out = ["| extension notebook | minutes | where they come from |", "|---|---|---|"]
     out += [f"| {les.slug} | {les.minutes} | {les.source} |" for les in LESSONS if les.session != "core"]
+    return "\n".join(out)
+
+
+def measured_minutes(bundle: Path | None = None) -> dict[str, tuple[float, str]]:
+    """Minutes per notebook measured by the node's reference run (``docs/reference-node/manifest.json``,
+    written by ``python3 -m servelab.node.reference``), each with its citation "measured on <label>, <date>";
+    {} when no run is committed. Headless: no reading time, unlike the lessons' budgets."""
+    path = (paths.NODE_REFERENCE_DIR if bundle is None else bundle) / "manifest.json"
+    if not path.is_file():
+        return {}
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    cite = f"measured on {manifest.get('label', '?')}, {str(manifest.get('date', '?'))[:10]}"
+    minutes, errors = manifest.get("minutes", {}), manifest.get("errors", {})
+    return {les.slug: (float(minutes[les.slug]), cite) for les in LESSONS
+            if les.slug in minutes and les.slug not in errors}
+
+
+def measured_table(bundle: Path | None = None) -> str:
+    """The budgets beside the node's measured minutes ("" without a committed run)."""
+    measured = measured_minutes(bundle)
+    if not measured:
+        return ""
+    out = ["| notebook | minutes budgeted | minutes run headless | source |", "|---|---|---|---|"]
+    out += [f"| {slug} | {BY_SLUG[slug].minutes} | {minutes:g} | {cite} (docs/reference-node/: the notebook and its "
+            "node commands, no reading) |" for slug, (minutes, cite) in measured.items()]
     return "\n".join(out)
 
 

@@ -244,14 +244,16 @@ def results_folder(name: str) -> Path:
     return paths.RESULTS_DIR / "reference" / name
 
 
-def run_notebook(name: str, env: dict[str, str], hooks: dict | None = None, timeout: int = 1800):
+def run_notebook(name: str, env: dict[str, str], hooks: dict | None = None, timeout: int = 1800, nb=None):
     """Execute notebooks/<name>.ipynb (as committed) in a fresh python3 kernel started in notebooks/.
     Before the hand-in cell (``handin.save``) the notebook as executed so far is saved where that cell
-    reads it (``SERVELAB_NOTEBOOK_DIR``), as the student saves it (Ctrl+S) before running the cell."""
+    reads it (``SERVELAB_NOTEBOOK_DIR``), as the student saves it (Ctrl+S) before running the cell.
+    ``nb``: that notebook already read, executed in place (its outputs so far stay when a cell raises)."""
     import nbclient
     import nbformat
 
-    nb = nbformat.read(notebooks.NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
+    if nb is None:
+        nb = nbformat.read(notebooks.NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
     hooks = dict(hooks or {})
     edit = hooks.pop("on_cell_execute", None)
     saved = Path(tempfile.mkdtemp(prefix=f"servelab-saved-{name}-"))

@@ -23,7 +23,10 @@ your numbers will differ", plus the benchmark tour's report and plots
    :func:`save_reference`: a local preview, used only when nothing is committed
    (``--reference build/reference`` picks it explicitly).
 
-Without either, the site builds the text alone and says so. When
+Without either, the site builds the text alone and says so. When ``docs/reference-node/`` holds the
+node's reference run (``python3 -m servelab.node.reference`` on node-serve-system, committed), each of its
+notebooks becomes ``<name>-node-reference.html``, labelled with its GPU ("P100"), linked from the lesson's
+page, from its CPU reference page and from the index. When
 ``docs/gpu-reference.md`` has a figures table (columns ``notebook``,
 ``figure`` and any others), its rows appear on the matching CPU reference
 page, beside the CPU outputs, and the whole file becomes ``gpu-reference.html``.
@@ -48,6 +51,7 @@ DEFAULT_OUT = paths.BUILD_DIR / "site"
 REFERENCE_DIR = paths.BUILD_DIR / "reference"      # written by the notebook tests: a local preview
 COMMITTED_REFERENCE = reference.COMMITTED_DIR       # docs/reference/: the published reference run
 GPU_REFERENCE = paths.REPO_ROOT / "docs" / "gpu-reference.md"
+NODE_REFERENCE = paths.NODE_REFERENCE_DIR           # docs/reference-node/: the node's run (servelab.node.reference)
 # Benchmark outputs recorded in the kit (docs/benchmark-runs/): the newest Model Analyzer summary
 # (<date>-model-analyzer-summary.html, from benchmarks/bench_model_analyzer.py) and that run's
 # printed output (<date>-bench_model_analyzer-full.txt) are published beside lesson 6b.
@@ -220,7 +224,7 @@ def default_reference_dir() -> tuple[Path, str]:
 
 def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_DIR,
                reference_dir: Path | None = REFERENCE_DIR, gpu_reference: Path | None = GPU_REFERENCE,
-               benchmark_runs: Path | None = BENCHMARK_RUNS) -> list[Page]:
+               benchmark_runs: Path | None = BENCHMARK_RUNS, node_reference: Path | None = NODE_REFERENCE) -> list[Page]:
     from pygments.formatters import HtmlFormatter
 
     items = notebooks.notebooks(source_dir)
@@ -237,6 +241,7 @@ def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_
     analyzer_banner = _analyzer_report(benchmark_runs, out_dir)
     manifest = reference.read_manifest(reference_dir) if reference_dir else None
     stale = reference.stale(reference_dir, source_dir) if manifest else []
+    node = reference.read_manifest(node_reference) if node_reference else None
     pages = []
     for i, (item, nb) in enumerate(built):
         body, where, answer_keys, code_cells = render_notebook(nb, md)
@@ -247,7 +252,15 @@ def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_
                      if i + 1 < len(built) else '<a href="index.html">Index &rarr;</a>')
         nav = f'<nav class="pager">{prev_link}{next_link}</nav>'
         filename = f"{item.name}.html"
-        ref_page = _reference_page(item.name, title, reference_dir, out_dir, md, manifest, stale, gpu)
+        node_page = _node_reference_page(item.name, title, node_reference, out_dir, md, node, source_dir,
+                                         cpu_page=reference_dir is not None
+                                         and (reference_dir / f"{item.name}.ipynb").is_file()) if node else None
+        node_link = (f'<p class="reference-banner">And <a href="{node_page.filename}">a reference run on '
+                     f'{html.escape(str(node.get("label", "GPU")))}</a>, the GPU node ({html.escape(str(node.get("note", "")))}).</p>\n'
+                     if node_page else "")
+        ref_page = _reference_page(item.name, title, reference_dir, out_dir, md, manifest, stale, gpu, node_link)
+        if node_page:
+            body = node_link + body
         if ref_page:
             body = (f'<p class="reference-banner">See <a href="{ref_page.filename}">a reference run of this '
                     f'notebook</a> with its outputs and plots ({html.escape(REFERENCE_NOTE)}).</p>\n' + body)
@@ -257,12 +270,14 @@ def build_site(out_dir: Path = DEFAULT_OUT, source_dir: Path = notebooks.SOURCE_
         pages.append(Page(item.name, title, filename, where, answer_keys, code_cells))
         if ref_page:
             pages.append(ref_page)
+        if node_page:
+            pages.append(node_page)
     tour = _tour_page(reference_dir, out_dir, md, manifest) if reference_dir else None
     if tour:
         pages.append(tour)
     if gpu.page:
         pages.append(gpu.page)
-    (out_dir / "index.html").write_text(_index(pages), encoding="utf-8")
+    (out_dir / "index.html").write_text(_index(pages, node), encoding="utf-8")
     return pages
 
 
@@ -344,7 +359,7 @@ def _banner(info: dict, manifest: dict | None, stale: list[str], lesson_link: st
 
 
 def _reference_page(name: str, title: str, reference_dir: Path | None, out_dir: Path, md,
-                    manifest: dict | None = None, stale: list[str] = (), gpu=None) -> Page | None:
+                    manifest: dict | None = None, stale: list[str] = (), gpu=None, extra: str = "") -> Page | None:
     """Render <reference_dir>/<name>.ipynb, if there is one, as <name>-reference.html."""
     import nbformat
 
@@ -358,6 +373,7 @@ def _reference_page(name: str, title: str, reference_dir: Path | None, out_dir: 
     banner = _banner(info, manifest, mine, f'<a href="{name}.html">the lesson page</a> has the text alone', name)
     if gpu is not None:
         banner += gpu.beside(name)
+    banner += extra
     filename = f"{name}-reference.html"
     nav = f'<nav class="pager"><a href="{name}.html">&larr; {html.escape(name)}</a><a href="index.html">Index &rarr;</a></nav>'
     (out_dir / filename).write_text(_layout(f"{title} (reference run)", banner + body + banner, nav),
@@ -365,9 +381,69 @@ def _reference_page(name: str, title: str, reference_dir: Path | None, out_dir: 
     return Page(f"{name}-reference", f"{title}: reference run", filename, where, answer_keys, code_cells)
 
 
-def _index(pages: list[Page]) -> str:
+def _node_reference_page(name: str, title: str, node_dir: Path, out_dir: Path, md, manifest: dict,
+                         source_dir: Path = notebooks.SOURCE_DIR, cpu_page: bool = False) -> Page | None:
+    """<node_dir>/<name>.ipynb, the node's reference run (servelab.node.reference), as
+    <name>-node-reference.html, labelled with its GPU."""
+    import nbformat
+
+    path = node_dir / f"{name}.ipynb"
+    if not path.is_file():
+        return None
+    nb = nbformat.read(path, as_version=4)
+    info = {**manifest, **nb.metadata.get("servelab_reference", {})}
+    body, where, answer_keys, code_cells = render_notebook(nb, md, outputs=_output_renderer(f"{name}-node", out_dir))
+    checks = manifest.get("checks", {}).get(name, {})
+    source = source_dir / f"{name}.md"
+    recorded = manifest.get("sources", {}).get(f"{name}.md")
+    older = bool(recorded) and source.is_file() and recorded != reference.source_hash(source)
+    label = html.escape(str(info.get("label", "GPU")))
+    links = f'<a href="{name}.html">the lesson page</a> has the text alone' + (
+        f'; <a href="{name}-reference.html">the CPU reference</a> runs it on a laptop-sized CPU' if cpu_page else "")
+    banner = (f'<p class="reference-banner"><strong>{html.escape(str(info.get("note", "")))}.</strong> A reference run '
+              f'on {label}: executed headless inside the node\'s Jupyter container by '
+              '<code>python3 -m servelab.node.reference</code> (committed in <code>docs/reference-node/</code>). '
+              f'Machine: {html.escape(str(info.get("machine", "unknown")))}. '
+              f'Date: {html.escape(str(info.get("date", "unknown")))}. '
+              f'Kit commit: <code>{html.escape(str(info.get("commit", "unknown")))}</code>. '
+              f'Scale: {html.escape(str(info.get("scale", "?")))}. '
+              f'It took {manifest.get("minutes", {}).get(name, "?")} minutes, its node commands included and no '
+              'reading time'
+              + (f'. Lesson checks: {checks.get("passed", 0)} passed, {checks.get("inconclusive", 0)} inconclusive, '
+                 f'{checks.get("failed", 0)} failed' if checks else "")
+              + f'; {links}.'
+              + (" <strong>This run was made from an older version of the notebook's source.</strong>" if older else "")
+              + "</p>\n")
+    filename = f"{name}-node-reference.html"
+    nav = f'<nav class="pager"><a href="{name}.html">&larr; {html.escape(name)}</a><a href="index.html">Index &rarr;</a></nav>'
+    (out_dir / filename).write_text(_layout(f"{title} (reference run on {info.get('label', 'GPU')})",
+                                            banner + body + banner, nav), encoding="utf-8")
+    return Page(f"{name}-node-reference", f"{title}: reference run on {info.get('label', 'GPU')}", filename,
+                where, answer_keys, code_cells)
+
+
+def _node_section(pages: list[Page], node: dict | None) -> str:
+    """The index's list of the node's reference pages, its doctor's report and what it left out."""
+    mine = [p for p in pages if p.name.endswith("-node-reference")]
+    if not node or not mine:
+        return ""
+    left = "".join(f"<li><code>{html.escape(k)}</code>: {html.escape(v)}</li>"
+                   for k, v in (node.get("left_out") or {}).items())
+    return (f'\n<h2>Reference runs on {html.escape(str(node.get("label", "GPU")))}</h2>\n<p>The same notebooks on the GPU node, '
+            f'executed headless in its Jupyter container ({html.escape(str(node.get("note", "")))}; '
+            f'{html.escape(str(node.get("machine", "")))}, {html.escape(str(node.get("date", "")))}):</p>\n<ul>\n'
+            + "\n".join(f'<li><a href="{p.filename}">{html.escape(p.title)}</a> '
+                         f'({node.get("minutes", {}).get(p.name.removesuffix("-node-reference"), "?")} min)</li>'
+                         for p in mine) + "\n</ul>\n"
+            + (f"<p>Not in this run:</p><ul>{left}</ul>\n" if left else "")
+            + "<details><summary>The node doctor's report from that run</summary>\n"
+            + f'<pre class="output">{html.escape(str(node.get("doctor", "")))}</pre></details>')
+
+
+def _index(pages: list[Page], node: dict | None = None) -> str:
     rows = []
-    references = [p for p in pages if p.name not in lessons.BY_SLUG and p.name != "gpu-reference"]
+    references = [p for p in pages if p.name not in lessons.BY_SLUG and p.name != "gpu-reference"
+                  and not p.name.endswith("-node-reference")]
     gpu = [p for p in pages if p.name == "gpu-reference"]
     for page in pages:
         if page.name not in lessons.BY_SLUG:
@@ -401,6 +477,7 @@ def _index(pages: list[Page]) -> str:
                  "<code>docs/reference/</code> (<code>make reference</code> writes it) or "
                  "<code>build/reference/</code> (the notebook tests write one); "
                  "run <code>make site</code> again afterwards.</p>")
+    body += _node_section(pages, node)
     return _layout(SITE_TITLE, body)
 
 
@@ -424,7 +501,9 @@ def _cmd_site(args) -> int:
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    refs = [p.name for p in pages if p.name not in lessons.BY_SLUG and p.name != "gpu-reference"]
+    refs = [p.name for p in pages if p.name not in lessons.BY_SLUG and p.name != "gpu-reference"
+            and not p.name.endswith("-node-reference")]
+    node = [p.name for p in pages if p.name.endswith("-node-reference")]
     print(f"wrote {len(pages)} pages and an index to {args.out}/ (open {args.out / 'index.html'})")
     if refs:
         print(f"reference runs included: {', '.join(refs)} (from {ref_dir}: {why})")
@@ -436,6 +515,8 @@ def _cmd_site(args) -> int:
     else:
         print(f"no reference run in {ref_dir}: the site shows the lessons' text and code only "
               "(`make reference` writes the committed one)")
+    if node:
+        print(f"the node's reference run from {NODE_REFERENCE}: {', '.join(node)}")
     return 0
 
 

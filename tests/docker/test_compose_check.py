@@ -5,6 +5,7 @@ the files it runs correct on any machine, and fail on the defects its first run 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -289,3 +290,94 @@ def test_a_notebook_that_stopped_on_an_error_runs_once_more_and_the_first_attemp
     c.notebook_in_jupyter = lambda name, **kw: (_ for _ in ()).throw(check.CheckFailed("containers failed"))
     with pytest.raises(check.CheckFailed, match="containers failed"):
         c.notebook_with_retry("6a_triton_pipeline")
+
+
+def test_the_in_container_runner_leaves_the_notebook_whole_and_trimmed(tmp_path, monkeypatch, capsys):
+    """The node's reference bundle is made of what the container leaves: the executed notebook trimmed as
+    `make reference` trims it, and a summary with the scale, its settings and the source's hash."""
+    from servelab.course import reference
+
+    seen = {}
+
+    def run_notebook(name, env, hooks=None, timeout=1800, nb=None):   # the kernel's part, stood in for
+        seen.update(name=name, results=env["SERVELAB_RESULTS_DIR"], timeout=timeout)
+        code = next(c for c in nb.cells if c.cell_type == "code")
+        code.outputs = [nbformat.v4.new_output("stream", text="".join(f"line {i}\n" for i in range(200)))]
+        raise RuntimeError("CellExecutionError: the next cell")
+
+    monkeypatch.setattr(reference, "run_notebook", run_notebook)
+    assert incontainer.main(["4_fastapi", "--handoff", str(tmp_path), "--scale", "lesson"]) == 1
+    summary = json.loads(next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("SUMMARY "))[8:])
+    assert seen == {"name": "4_fastapi", "results": str(tmp_path / "results"), "timeout": 1800}
+    assert summary["error"] == "RuntimeError: CellExecutionError: the next cell"   # outputs so far are kept
+    assert summary["scale"] == "lesson" and summary["settings"] == reference.SCALES["lesson"]["4_fastapi"]
+    assert summary["source_sha256"] == reference.source_hash(REPO / "notebooks" / "src" / "4_fastapi.md")
+    whole = nbformat.read(tmp_path / "4_fastapi.ipynb", as_version=4)
+    trimmed = nbformat.read(tmp_path / "4_fastapi.trimmed.ipynb", as_version=4)
+    first = [c for c in whole.cells if c.cell_type == "code"][0].outputs[0]["text"]
+    cut = [c for c in trimmed.cells if c.cell_type == "code"][0].outputs[0]["text"]
+    assert first.count("\n") == 200 and "lines trimmed in the reference run" in cut
+
+
+def _fake_check(tmp_path, monkeypatch, bundle_ok=True):
+    """A Check whose every Docker-facing piece is stood in for: what run() does, in order, and nothing else."""
+    from servelab.node import reference as node_reference
+
+    c = check.Check(tmp_path, tmp_path / "log.txt")
+    c.home.mkdir(parents=True)
+    (c.home / "prepare-node.log").write_text("== Triton part ready\n")
+    did = []
+    monkeypatch.setattr(standins, "build_base", lambda log: False)
+    monkeypatch.setattr(standins, "build_standins", lambda log: {})
+    monkeypatch.setattr(standins, "report", lambda: [])
+    monkeypatch.setattr(node_reference, "gpus", lambda: [])
+    c.prepare_kit = lambda: did.append("kit")
+    c.sh = lambda script, check=True, timeout=3600: subprocess.CompletedProcess(
+        script, 0, stdout="PASS  docker engine\n" if "servelab.node.doctor" in script else "")
+    c.run_node_block = lambda script: did.append("node block") or 0
+    c.wait_healthy = lambda timeout=600: None
+    c.ports = c.memory_peaks = lambda *a, **k: {}
+    c.restart_under_load = lambda *a, **k: did.append("restart")
+    c.down_all = lambda: did.append("down -v")
+    c.leftovers = lambda: []
+
+    def notebook(name, hand_edit=None, timeout=None):
+        handoff = tmp_path / "handoff" / name
+        handoff.mkdir(parents=True)
+        cell = nbformat.v4.new_code_cell("1", outputs=[nbformat.v4.new_output("stream", text="ok\n")])
+        if bundle_ok or name != "6f_token_streaming":
+            nbformat.write(nbformat.v4.new_notebook(cells=[cell]), handoff / f"{name}.trimmed.ipynb")
+        summary = {"notebook": name, "seconds": 20.0, "wall_s": 30.0, "handoff": str(handoff), "error": None,
+                   "checks": {"passed": 1, "inconclusive": 0, "failed": 0}, "failed": [], "node_commands": 1,
+                   "settings": {}, "source_sha256": "00", "host_other_cores": 0.0, "judged": True}
+        c.notebooks.append(summary)
+        did.append(name)
+        return summary
+
+    c.notebook_in_jupyter = notebook
+    return c, did
+
+
+def test_the_check_writes_the_reference_bundle_after_the_doctor_and_before_down(tmp_path, monkeypatch):
+    from servelab.node import reference as node_reference
+
+    c, did = _fake_check(tmp_path, monkeypatch)
+    assert c.run() == 0
+    steps = [s["step"] for s in c.steps]
+    assert steps[-3:] == ["the node doctor beside the running stack",
+                          "the reference bundle of these notebooks (servelab.node.reference's)",
+                          "down -v: nothing of the lab left"]
+    assert [d for d in did if "_" in d] == list(node_reference.LAB)   # the node command's notebooks, in its order
+    bundle = tmp_path / check.BUNDLE
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["label"] == "CPU (stand-ins)" and manifest["scale"] == "reduced"
+    assert manifest["doctor"] == "PASS  docker engine" and manifest["minutes"]["6_triton"] == 0.5
+    assert node_reference.check_bundle(bundle, node_reference.LAB) == []
+
+
+def test_a_bad_bundle_fails_its_step_and_the_stacks_still_go_down(tmp_path, monkeypatch):
+    c, did = _fake_check(tmp_path, monkeypatch, bundle_ok=False)
+    assert c.run() == 1
+    failed = [s["step"] for s in c.steps if not s["ok"]]
+    assert failed == ["the reference bundle of these notebooks (servelab.node.reference's)"]
+    assert did[-1] == "down -v" and c.steps[-1]["ok"]

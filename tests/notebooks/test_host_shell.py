@@ -141,7 +141,7 @@ def _check_compose_command(argv: list[str], env_vars: list[str]) -> list[Path]:
 
 # What the node's own python3 runs (standard library only; see test_node_modules_need_only_the_standard_library).
 NODE_MODULES = ("servelab.node.doctor", "servelab.node.leaseclock", "servelab.node.configs", "servelab.node.kube",
-                "servelab.node.weights")
+                "servelab.node.weights", "servelab.node.reference")
 
 
 @pytest.mark.parametrize("module", NODE_MODULES)

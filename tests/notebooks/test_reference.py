@@ -314,3 +314,58 @@ def test_failed_checks_carry_what_was_measured():
         f"{lab.CHECK_PASS}: it answers\n    measured: 200\n{lab.CHECK_FAIL}: a bare one\n"))]
     nb = nbformat.v4.new_notebook(cells=[cell])
     assert reference.failed_checks(nb) == ["no request fails (measured: 3 failed of 90)", "a bare one"]
+
+
+# --------------------------------------------------------------------------
+# The node's reference run (docs/reference-node/, python3 -m servelab.node.reference) beside the CPU one
+
+
+def _node_bundle(tmp_path: Path, names=("6_triton", "6f_token_streaming")) -> Path:
+    """A tiny bundle, written by the node command's own writer from fake executed notebooks."""
+    import nbformat
+
+    from servelab.node import reference as node_reference
+
+    summaries = []
+    for name in names:
+        handoff = tmp_path / "handoff" / name
+        handoff.mkdir(parents=True)
+        cell = nbformat.v4.new_code_cell("# runs inside the Jupyter container\nprint(1)",
+                                         outputs=[nbformat.v4.new_output("stream", text="P100 says 1182 infer/s\n")])
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(f"# {name}"), cell]),
+                       handoff / f"{name}.trimmed.ipynb")
+        summaries.append({"notebook": name, "seconds": 600, "wall_s": 660, "handoff": str(handoff), "error": None,
+                          "checks": {"passed": 5, "inconclusive": 0, "failed": 0}, "settings": {},
+                          "source_sha256": reference.source_hash(notebooks.SOURCE_DIR / f"{name}.md")})
+    out = tmp_path / "reference-node"
+    node_reference.write_bundle(out, summaries, label="P100", machine="node-serve-system: 2 GPUs",
+                                gpus=["Tesla P100-PCIE-16GB, 6.0, 560.35.03"] * 2, doctor="PASS  GPUs visible: 2",
+                                scale="lesson", commit="0123abcd", date="2026-12-01T10:00:00+00:00")
+    return out
+
+
+def test_the_nodes_run_appears_beside_the_cpu_reference_labelled_with_its_gpu(tmp_path):
+    bundle = _node_bundle(tmp_path)
+    out = tmp_path / "site"
+    pages = site.build_site(out, reference_dir=COMMITTED, gpu_reference=None, benchmark_runs=None,
+                            node_reference=bundle)
+    names = [p.name for p in pages]
+    assert "6_triton-node-reference" in names and "6f_token_streaming-node-reference" in names
+    assert "4_fastapi-node-reference" not in names                 # not in this bundle
+    page = (out / "6_triton-node-reference.html").read_text()
+    assert page.count("<strong>P100 reference: your numbers will differ.</strong>") == 2
+    assert "P100 says 1182 infer/s" in page and "It took 11.0 minutes" in page and "older version" not in page
+    assert 'href="6_triton-reference.html"' in page                 # the CPU reference, beside it
+    link = 'href="6_triton-node-reference.html"'
+    assert link in (out / "6_triton.html").read_text() and link in (out / "6_triton-reference.html").read_text()
+    assert 'href="6f_token_streaming-node-reference.html"' in (out / "6f_token_streaming.html").read_text()
+    index = (out / "index.html").read_text()
+    assert "<h2>Reference runs on P100</h2>" in index and link in index and "PASS  GPUs visible: 2" in index
+    assert "6e_accelerate" in index                                  # what the run left out, and why
+    cpu_list = index[index.index("<h2>Reference runs</h2>"):index.index("<h2>Reference runs on P100</h2>")]
+    assert "node-reference" not in cpu_list
+    # without a bundle: no node page, no section
+    plain = site.build_site(tmp_path / "plain", reference_dir=COMMITTED, gpu_reference=None, benchmark_runs=None,
+                            node_reference=tmp_path / "none")
+    assert not any(p.name.endswith("-node-reference") for p in plain)
+    assert "Reference runs on" not in (tmp_path / "plain" / "index.html").read_text()

@@ -42,3 +42,21 @@ def test_each_notebook_and_the_tables_show_the_session_and_minutes():
     for path in (notebooks.README, notebooks.SOURCE_DIR / "0_intro.md"):
         text = path.read_text()
         assert lessons.session_table() in text and lessons.extension_sources() in text, path
+
+
+def test_the_budgets_cite_the_nodes_measured_minutes_when_a_run_is_committed(tmp_path):
+    """docs/reference-node/manifest.json (python3 -m servelab.node.reference): each notebook's minutes,
+    cited "measured on <label>, <date>"; none committed, nothing changes."""
+    import json
+
+    assert lessons.measured_minutes(tmp_path) == {} and lessons.measured_table(tmp_path) == ""
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "label": "P100", "date": "2026-12-01T10:00:00+00:00", "errors": {"6b_model_analyzer": "TimeoutError"},
+        "minutes": {"6_triton": 14.25, "4_fastapi": 6.5, "6b_model_analyzer": 1.0, "not_a_lesson": 3}}))
+    assert lessons.measured_minutes(tmp_path) == {"4_fastapi": (6.5, "measured on P100, 2026-12-01"),
+                                                  "6_triton": (14.25, "measured on P100, 2026-12-01")}
+    table = lessons.measured_table(tmp_path).splitlines()
+    assert table[0] == "| notebook | minutes budgeted | minutes run headless | source |"
+    assert table[2].startswith("| 4_fastapi | 20 | 6.5 | measured on P100, 2026-12-01 (docs/reference-node/")
+    assert table[3].startswith("| 6_triton | 45 | 14.25 | measured on P100, 2026-12-01")
+    assert len(table) == 4    # a notebook that stopped on an error is not cited
