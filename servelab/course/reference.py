@@ -52,7 +52,7 @@ NOTEBOOKS = ("4_fastapi", "6_triton", "6a_triton_pipeline", "6e_accelerate", "6f
 
 # Trimming: a stream output longer than this keeps its head and tail.
 MAX_LINES, HEAD_LINES, TAIL_LINES = 80, 60, 15
-KEPT_MIME = ("image/png", "text/plain")
+KEPT_MIME = ("image/png", "text/markdown", "text/plain")   # text/markdown: the tables display(Markdown(...)) shows
 
 # Environment per scale and notebook (the notebooks read these; unset = the lesson's own counts).
 SCALES = {
@@ -203,6 +203,8 @@ def trim(nb):
                 if "image/png" in keep:
                     png = _shrink_png(base64.b64decode(keep["image/png"]))
                     keep = {"image/png": base64.b64encode(png).decode(), "text/plain": keep.get("text/plain", "")}
+                elif "text/markdown" in keep:   # a table: whole (a cut table reads wrong), without the object's repr
+                    keep = {"text/markdown": keep["text/markdown"]}
                 elif "text/plain" in keep:
                     keep["text/plain"] = _trim_text(keep["text/plain"])
                 out["data"] = keep

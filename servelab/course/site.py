@@ -325,6 +325,8 @@ def _output_renderer(name: str, out_dir: Path):
                     png = f"{name}-{counter[0]}.png"
                     (images / png).write_bytes(base64.b64decode(data["image/png"]))
                     parts.append(f'<img src="img/{png}" alt="plot {counter[0]} of {html.escape(name)}">')
+                elif "text/markdown" in data:   # a table the notebook displayed (the kit's own run wrote it)
+                    parts.append(f'<div class="output markdown">{_md().render(data["text/markdown"])}</div>')
                 elif "text/plain" in data:
                     parts.append(f'<pre class="output">{html.escape(_ANSI.sub("", data["text/plain"]))}</pre>')
             elif kind == "error":
