@@ -240,10 +240,13 @@ def kernel_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# Where a reference run's notebooks write their results (their hand-in zips): under results/, so a
+# hand-in cell prints the path a student's prints; removed when the build ends.
+RESULTS_ROOT = paths.RESULTS_DIR / "reference"
+
+
 def results_folder(name: str) -> Path:
-    """Where a reference run's notebook writes its results (its hand-in zip): under results/, so its
-    hand-in cell prints the path a student's prints; removed when the build ends."""
-    return paths.RESULTS_DIR / "reference" / name
+    return RESULTS_ROOT / name
 
 
 def run_notebook(name: str, env: dict[str, str], hooks: dict | None = None, timeout: int = 1800, nb=None):
@@ -478,7 +481,7 @@ def build(reference_dir: Path = COMMITTED_DIR, scale: str = "lesson", log=print)
             shutil.rmtree(reference_dir)
         reference_dir.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(staged, reference_dir)
-    shutil.rmtree(results_folder("x").parent, ignore_errors=True)   # the runs' hand-in zips
+    shutil.rmtree(RESULTS_ROOT, ignore_errors=True)   # the runs' hand-in zips
     if reference_dir == COMMITTED_DIR:
         for path in notebooks.build(quiet=True):  # the lab's answer keys now quote this run
             log(f"rebuilt {path.relative_to(paths.REPO_ROOT)} (its answer keys quote the new reference)")
