@@ -254,8 +254,9 @@ def run_notebook(name: str, env: dict[str, str], hooks: dict | None = None, time
     Before the hand-in cell (``handin.save``) the notebook as executed so far is saved where that cell
     reads it (``SERVELAB_NOTEBOOK_DIR``), as the student saves it (Ctrl+S) before running the cell.
     ``nb``: that notebook already read, executed in place (its outputs so far stay when a cell raises)."""
-    import nbclient
     import nbformat
+
+    from servelab.course import nbexec
 
     if nb is None:
         nb = nbformat.read(notebooks.NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
@@ -269,7 +270,7 @@ def run_notebook(name: str, env: dict[str, str], hooks: dict | None = None, time
         if "handin.save(" in cell.source:
             (saved / f"{name}.ipynb").write_text(nbformat.writes(nb), encoding="utf-8")
 
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=timeout, allow_errors=False,
+    client = nbexec.NotebookClient(nb, kernel_name="python3", timeout=timeout, allow_errors=False,
                                      resources={"metadata": {"path": str(notebooks.NOTEBOOKS_DIR)}},
                                      on_cell_execute=on_cell_execute, **hooks)
     try:

@@ -75,15 +75,15 @@ def run_notebook(name: str, env: dict[str, str], timeout: int = 300, hooks: dict
     ``hooks`` are nbclient's (e.g. ``on_cell_execute=fn(cell, cell_index)``, called
     just before a cell runs): how a test does what the student does between cells.
     """
-    import nbclient
     import nbformat
 
+    from servelab.course import nbexec
     from tests import tiers
 
     tiers.require("e2e", f"executes notebook {name}")
     nb = nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
     kw = {"km": image_kernel(python_env)} if python_env else {"kernel_name": ensure_kernelspec()}
-    client = nbclient.NotebookClient(
+    client = nbexec.NotebookClient(
         nb, timeout=timeout, allow_errors=False, **kw,
         resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}, **(hooks or {}),
     )

@@ -26,7 +26,7 @@ import nbclient
 import nbformat
 import pytest
 
-from servelab.course import lessons
+from servelab.course import lessons, nbexec
 from servelab.node import chameleon
 from tests.tiers import tier
 
@@ -299,7 +299,7 @@ def _run_edited(site, name, old, new):
     cells = [c for c in nb.cells if c.cell_type == "code" and old in c.source]
     assert len(cells) == 1, f"{old!r} is not in exactly one code cell of {name}"
     cells[0].source = cells[0].source.replace(old, new)
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300, allow_errors=False,
+    client = nbexec.NotebookClient(nb, kernel_name="python3", timeout=300, allow_errors=False,
                                      resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
     client.execute(env=site["env"])
     return nb
