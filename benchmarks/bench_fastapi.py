@@ -96,7 +96,7 @@ def start_service(folder: str, model_path: Path, log_dir: Path, env: dict | None
     url = f"http://127.0.0.1:{port}"
     server = procs.start(
         folder,
-        [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port),
+        [sys.executable, "-m", "uvicorn", f"servelab.serve.harden:{folder}", "--host", "127.0.0.1", "--port", str(port),
          "--log-level", "warning", "--no-access-log"],
         url,
         log_path=log_dir / f"{folder}.log",

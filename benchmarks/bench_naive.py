@@ -144,7 +144,8 @@ def interleaved_sequential(urls: dict[str, str], payload: dict, n: int) -> dict[
 def bench_fastapi(args, log_dir: Path, payload: dict, servers: dict) -> dict:
     specs = {}
     for backend, model in (("onnx", REPO / "fastapi_onnx" / "food11.onnx"), ("pt", REPO / "fastapi_pt" / "food11.pth")):
-        specs[f"kit_{backend}"] = (f"fastapi_{backend}", "app:app", REPO / f"fastapi_{backend}", model)
+        specs[f"kit_{backend}"] = (f"fastapi_{backend}", f"servelab.serve.harden:fastapi_{backend}",
+                                   REPO / f"fastapi_{backend}", model)
         for ref in REFS:
             specs[f"{ref}_{backend}"] = (f"{ref}_{backend}", f"fastapi_{backend}_{ref}:app", NAIVE, model)
     for key, (name, app, cwd, model) in specs.items():

@@ -82,7 +82,10 @@ def main() -> int:
         x = torch.from_numpy(food11.preprocess_base64(b64)).unsqueeze(0)
 
         def infer():
-            if hasattr(app, "service"):   # the lesson file since issue 27: one servelab call holds the share
+            if hasattr(app, "a_share_of_the_cores"):   # the lesson file since issue 47: the rule in the file
+                with app.a_share_of_the_cores(), torch.inference_mode():
+                    return app.model(x)
+            if hasattr(app, "service"):   # issue 27 to 47: one servelab call held the share
                 with app.service.inference(), torch.inference_mode():
                     return app.model(x)
             with app.cores.threads() as k, torch.inference_mode():   # before: the share in the lesson file

@@ -573,3 +573,47 @@ def weights_kind(model_path: str | os.PathLike) -> str:
             return str(json.load(f).get("weights_kind", "unknown"))
     except (OSError, ValueError):
         return "unknown"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What model file answers: every service's /health and every prediction say it."""
+    name: str
+    path: str
+    version: str
+    weights_kind: str
+
+    @property
+    def note(self) -> str:
+        if self.weights_kind == "demo":
+            return DEMO_WEIGHTS_NOTE
+        if self.weights_kind == "trained":
+            return "trained Food-11 weights"
+        return "weights of unknown origin (no build stamp beside the model file)"
+
+    def response_fields(self) -> dict:
+        """What every prediction carries besides label and probability."""
+        return {"model": self.name, "model_version": self.version,
+                "weights_kind": self.weights_kind, "note": self.note}
+
+
+def model_info(path: str | os.PathLike, name: str = "food11") -> ModelInfo:
+    """Name, version (first 12 hex digits of the file's sha256, as recorded in
+    its build stamp) and weights kind of a model artifact."""
+    import hashlib
+    import json
+
+    version = None
+    try:
+        with open(f"{os.fspath(path)}.json", encoding="utf-8") as f:
+            version = str(json.load(f).get("sha256", ""))[:12] or None
+    except (OSError, ValueError, AttributeError):
+        pass
+    if version is None:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        version = h.hexdigest()[:12]
+    return ModelInfo(name=name, path=os.fspath(path), version=version, weights_kind=weights_kind(path))
+

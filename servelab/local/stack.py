@@ -164,7 +164,8 @@ def _command(name: str, host: str, ports: Mapping[str, int], triton_workdir: Pat
     root = paths.REPO_ROOT
     if name in ("fastapi_pt", "fastapi_onnx"):
         port = ports[name]
-        cmd = [py, "-m", "uvicorn", "app:app", "--app-dir", str(root / name), "--host", host,
+        # the lesson's app.py, hardened from outside its file (servelab/serve/harden.py)
+        cmd = [py, "-m", "uvicorn", f"servelab.serve.harden:{name}", "--host", host,
                "--port", str(port), "--no-access-log"]
         base = f"http://{host}:{port}"
         return cmd, base + "/health", base, root

@@ -59,7 +59,7 @@ def onnx_service(built_models, tmp_path_factory):
     port = procs.free_port()
     log = tmp_path_factory.mktemp("onnx") / "uvicorn.log"
     # the image's CMD, on loopback; the CPU override's SERVELAB_DEVICE
-    server = procs.start("fastapi_onnx", [str(venv / "bin" / "uvicorn"), "app:app", "--host", "127.0.0.1",
+    server = procs.start("fastapi_onnx", [str(venv / "bin" / "uvicorn"), "servelab.serve.harden:fastapi_onnx", "--host", "127.0.0.1",
                                           "--port", str(port)], f"http://127.0.0.1:{port}", log,
                          env=_env(venv, SERVELAB_DEVICE="cpu"), cwd=k.REPO / "fastapi_onnx")
     try:

@@ -51,7 +51,7 @@ TEXTS = _notebook_texts() + _file_texts()
 def test_the_texts_are_read():
     names = {w for w, _ in TEXTS}
     assert any(w.startswith("6_triton cell") for w in names) and "README.md" in names
-    assert "fastapi_pt/app.py" in names and "servelab/serve/threads.py" in names
+    assert "fastapi_pt/app.py" in names and "servelab/serve/harden.py" in names
 
 
 def test_every_sentence_about_the_earlier_lab_is_sourced():

@@ -39,10 +39,9 @@ def predict_body(data: bytes) -> dict:
 def start_fastapi(kind: str, port: int | None = None, env: dict | None = None,
                   host: str = "127.0.0.1", extra_args: list[str] | None = None,
                   timeout: float = 120.0) -> procs.Server:
-    """One FastAPI lesson service under uvicorn (the way README runs it)."""
+    """One FastAPI lesson service under uvicorn (the way the kit runs it: servelab.serve.harden)."""
     port = port or procs.free_port()
-    app_dir = APP_DIRS[kind]
-    cmd = [sys.executable, "-m", "uvicorn", "app:app", "--app-dir", str(app_dir),
+    cmd = [sys.executable, "-m", "uvicorn", f"servelab.serve.harden:{APP_DIRS[kind].name}",
            "--host", host, "--port", str(port), "--no-access-log", *(extra_args or [])]
     log = LOG_DIR / f"fastapi_{kind}_{port}.log"
     server = procs.start(f"fastapi_{kind}", cmd, f"http://{host}:{port}", log_path=log,

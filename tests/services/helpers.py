@@ -20,12 +20,13 @@ REPO = paths.REPO_ROOT
 
 
 def start_fastapi(folder: str, log_dir: Path, env: dict | None = None) -> procs.Server:
-    """``uvicorn app:app`` in ``folder`` on a free port; waits for /health."""
+    """``folder``'s app.py as the kit starts it (``uvicorn servelab.serve.harden:<folder>``) on a free
+    port; waits for /health."""
     port = procs.free_port()
     url = f"http://127.0.0.1:{port}"
     server = procs.start(
         folder,
-        [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "uvicorn", f"servelab.serve.harden:{folder}", "--host", "127.0.0.1", "--port", str(port)],
         url,
         log_path=log_dir / f"{folder}-{port}.log",
         env={"PYTHONPATH": str(REPO), **(env or {})},

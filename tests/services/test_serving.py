@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servelab.core import food11, paths, procs
-from servelab.serve import serving, threads
+from servelab.serve import serving
 
 
 @pytest.mark.parametrize("value,expected", [("", "auto"), ("cpu", "cpu"), ("CUDA", "cuda"), (" auto ", "auto")])
@@ -92,10 +92,10 @@ def test_limits_are_consistent():
 def test_model_info_reads_the_stamp(tmp_path):
     model = tmp_path / "m.onnx"
     model.write_bytes(b"weights")
-    info = serving.model_info(model)
+    info = food11.model_info(model)
     assert info.weights_kind == "unknown" and len(info.version) == 12  # no stamp: hash of the file
     (tmp_path / "m.onnx.json").write_text(json.dumps({"weights_kind": "demo", "sha256": "abcdef0123456789"}))
-    info = serving.model_info(model)
+    info = food11.model_info(model)
     assert (info.weights_kind, info.version, info.note) == ("demo", "abcdef012345", food11.DEMO_WEIGHTS_NOTE)
     assert info.response_fields()["weights_kind"] == "demo"
 
@@ -105,67 +105,65 @@ def test_missing_model_file_gives_a_hint(tmp_path):
         serving.require_model_file(tmp_path / "nope.pth")
 
 
-@pytest.mark.parametrize("device,cores,workers,expected", [
-    ("cpu", "2", None, (2, [1, 2])), ("cpu", "4", None, (4, [1, 2, 4])), ("cuda", "4", None, (1, [1, 4])),
-    ("cpu", "2", "1", (1, [1, 2])), ("cpu", "4", "2", (2, [1, 2, 4])), ("cpu", "2", "8", (2, [1, 2])),
-    ("cpu", "3", "2", (2, [1, 3])),
-])
-def test_core_share_never_oversubscribes(monkeypatch, device, cores, workers, expected):
-    monkeypatch.setenv("SERVELAB_THREADS", cores)
+def _onnx_app(monkeypatch, cores: int, workers: str | None = None, cuda_fails_to_load: bool = False):
+    """fastapi_onnx/app.py imported on ``cores`` cores (its affinity mask), with
+    SERVELAB_INFERENCE_WORKERS=``workers``; optionally a CUDA provider that is
+    listed but fails to load (ONNX Runtime then runs the session on the CPU)."""
+    import importlib.util
+    import os
+
+    import onnxruntime as ort
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.delenv("SERVELAB_DEVICE", raising=False)
     if workers is None:
         monkeypatch.delenv("SERVELAB_INFERENCE_WORKERS", raising=False)
     else:
         monkeypatch.setenv("SERVELAB_INFERENCE_WORKERS", workers)
-    share = serving.core_share(device)
-    assert (share.workers, share.shares) == expected
-    # All workers busy at once: their shares fit the cores.
-    assert share.workers * threads.share_of(share.cores, share.workers) <= int(cores)
+    if cuda_fails_to_load:
+        real = ort.InferenceSession
 
+        def session(path, options=None, providers=None, **kw):
+            return real(path, options, providers=[p for p in providers or [] if p != "CUDAExecutionProvider"], **kw)
 
-def test_every_thread_count_handed_out_is_a_share_even_on_a_busy_machine(monkeypatch):
-    """The ONNX service keeps one session per entry of `shares` and runs each request on
-    sessions[n]: a count handed out that is not there was a 500 (one inference at a time,
-    SERVELAB_INFERENCE_WORKERS=1, on a machine busy with other work)."""
-    monkeypatch.setattr(threads, "machine_busy", lambda cores: True)
-    for workers in (1, 2):
-        share = threads.CoreShare(2, workers=workers)
-        with share.threads() as n:
-            assert n in share.shares
-
-
-def test_core_share_rejects_nonsense(monkeypatch):
-    monkeypatch.setenv("SERVELAB_INFERENCE_WORKERS", "zero")
-    with pytest.raises(ValueError):
-        serving.core_share()
-    monkeypatch.setenv("SERVELAB_INFERENCE_WORKERS", "0")
-    with pytest.raises(ValueError):
-        serving.core_share()
-
-
-def test_onnx_service_sizes_threads_for_the_device_its_session_got(built_models, monkeypatch):
-    """CUDA requested, the CUDA provider failed to load (ONNX Runtime then runs on
-    the CPU): the service must size its threads for the CPU, one inference per
-    core, not one at a time as on a GPU. The failure is the seam set here."""
-    import importlib.util
-
-    import onnxruntime as ort
-
-    real = ort.InferenceSession
-
-    def cuda_fails_to_load(path, options=None, providers=None, **kw):
-        return real(path, options, providers=[p for p in providers or [] if p != "CUDAExecutionProvider"], **kw)
-
-    monkeypatch.setenv("SERVELAB_THREADS", "2")
-    monkeypatch.delenv("SERVELAB_INFERENCE_WORKERS", raising=False)
-    monkeypatch.setattr(serving, "onnx_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
-    monkeypatch.setattr(ort, "InferenceSession", cuda_fails_to_load)
-    spec = importlib.util.spec_from_file_location("fastapi_onnx_fallback", paths.REPO_ROOT / "fastapi_onnx" / "app.py")
+        monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+        monkeypatch.setattr(ort, "InferenceSession", session)
+    spec = importlib.util.spec_from_file_location("fastapi_onnx_app", paths.REPO_ROOT / "fastapi_onnx" / "app.py")
     app = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(app)
+    return app
+
+
+@pytest.mark.parametrize("cores,workers,expected", [
+    (2, None, (2, [1, 2])), (4, None, (4, [1, 2, 4])), (2, "1", (1, [1, 2])), (4, "2", (2, [1, 2, 4])),
+    (2, "8", (8, [1, 2])), (3, "2", (2, [1, 3])), (2, "0", (1, [1, 2])),
+])
+def test_the_onnx_app_has_a_session_for_every_share_it_hands_out(built_models, monkeypatch, cores, workers, expected):
+    """fastapi_onnx/app.py's thread rule (issue 47: in the file): one session per thread count a request
+    can get, and every count a request is handed on any load is one of them (a count without its
+    session was a 500 at SERVELAB_INFERENCE_WORKERS=1 on a busy machine)."""
+    app = _onnx_app(monkeypatch, cores, workers)
+    assert (app.WORKERS, sorted(app.sessions)) == expected
+    assert (app.CORES, app.device) == (cores, "cpu")
+    for load in (0.1, 100.0):   # idle, then a machine busy with other programs
+        monkeypatch.setattr(app.os, "getloadavg", lambda: (load, load, load))
+        with app.a_share_of_the_cores() as session:
+            assert session is app.sessions[1 if load > 3 * cores else cores]
+
+
+def test_the_onnx_app_refuses_a_workers_count_that_is_not_a_number(built_models, monkeypatch):
+    with pytest.raises(ValueError):
+        _onnx_app(monkeypatch, 2, "zero")
+
+
+def test_the_onnx_app_sizes_threads_for_the_device_its_session_got(built_models, monkeypatch):
+    """CUDA listed, the CUDA provider failed to load (ONNX Runtime then runs on the CPU): the app
+    must size its threads for the CPU, one inference per core, not one at a time as on a GPU."""
+    app = _onnx_app(monkeypatch, 2, cuda_fails_to_load=True)
     assert app.device == "cpu"
-    assert (app.service.cores.workers, app.service.cores.cores) == (2, 2)
-    assert sorted(app.service.sessions) == [1, 2]
-    assert all(s.get_providers() == ["CPUExecutionProvider"] for s in app.service.sessions.values())
+    assert (app.WORKERS, app.CORES) == (2, 2)
+    assert sorted(app.sessions) == [1, 2]
+    assert all(s.get_providers() == ["CPUExecutionProvider"] for s in app.sessions.values())
 
 
 @pytest.mark.parametrize("kind", ["demo", "trained"])
@@ -178,6 +176,6 @@ def test_responses_say_trained_only_for_a_trained_build(tmp_path, kind):
     info = {"weights_kind": kind, "sha256": {"food11.onnx": models._sha256(src)}, "built_at": "now",
             "fingerprint": {"weights": {"kind": kind} if kind == "demo" else {"kind": kind, "source": "x.pth"}}}
     assert models._place(src, dest, info)
-    fields = serving.model_info(dest).response_fields()
+    fields = food11.model_info(dest).response_fields()
     assert fields["weights_kind"] == kind
     assert bool(re.search(r"\btrained\b", fields["note"])) == (kind == "trained")
