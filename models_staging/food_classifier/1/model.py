@@ -10,27 +10,13 @@ process) and calls:
 
 import json
 import os
-import time
 
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
 from servelab.core import food11  # images, labels, softmax
-
-
-def usable_cores():
-    """The CPU cores this process may use: its affinity mask (taskset, Docker --cpuset-cpus),
-    capped by a cgroup v2 CPU quota (Docker --cpus, a Kubernetes CPU limit)."""
-    cores = len(os.sched_getaffinity(0))
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()
-        if quota != "max":
-            cores = min(cores, max(1, int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass
-    return cores
+from servelab.serve import threads  # CPU cores shared between instances
 
 
 class TritonPythonModel:
@@ -47,46 +33,28 @@ class TritonPythonModel:
         self.model.eval()
         # Precision: config.pbtxt's parameter "precision", fp32 (default) or fp16. FP16 halves the
         # weights and the arithmetic; on a GPU with fast FP16 it can pay, on a CPU it is usually slower.
-        config = json.loads(args["model_config"])
-        parameters = config.get("parameters", {})
+        parameters = json.loads(args["model_config"]).get("parameters", {})
         precision = parameters.get("precision", {}).get("string_value", "fp32")
         if precision not in ("fp32", "fp16"):
             raise ValueError(f'parameter precision is "{precision}": use "fp32" or "fp16"')
         self.dtype = torch.float16 if precision == "fp16" else torch.float32
         self.model = self.model.to(self.dtype)
 
-        # CPU threads per forward pass. Each copy of this model (instance_group count) is its own
-        # process, and PyTorch would give each one every core: under load, N copies would run
-        # N x cores threads on the cores, all waiting for each other at every layer.
-        #   - under load (this copy runs back to back), each copy takes an equal share;
-        #   - a pass after a pause (one request at a time) runs alone: it takes every core.
-        self.cores = usable_cores()
-        copies = sum(group.get("count", 1) for group in config.get("instance_group", [])) or 1
-        self.share = max(1, self.cores // copies)
-        self.last_start = self.last_end = 0.0
-
-        # Warm-up: the first passes allocate memory and pick kernels, on each thread count we use.
+        # Instances of this model share the CPU cores: alone, one gets every core; when
+        # others are busy, each an equal share (servelab/serve/threads.py, TorchShare).
+        self.cores = threads.TorchShare(group=args["model_name"])
+        # Warm-up: the first passes allocate memory and pick kernels (on each thread count).
         shape = (1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE)
-        with torch.inference_mode():
-            for threads in sorted({1, self.share, self.cores}) * 3:
-                torch.set_num_threads(threads)
-                self.model(torch.zeros(shape, device=self.device, dtype=self.dtype))
+        self.cores.warm_up(lambda: self.model(torch.zeros(shape, device=self.device, dtype=self.dtype)))
         pb_utils.Logger.log_info(
-            f"{args['model_instance_name']}: {precision} on {self.device}, {self.cores} CPU thread(s) alone, "
-            f"{self.share} under load ({copies} copies)"
+            f"{args['model_instance_name']}: {precision} on {self.device}, up to {self.cores.cores} CPU thread(s)"
         )
 
     def execute(self, requests):
-        start = time.monotonic()
-        back_to_back = start - self.last_end < 0.5 * (self.last_end - self.last_start)
-        threads = self.share if back_to_back else self.cores
-        if os.getloadavg()[0] > 3 * self.cores:  # a machine busy with other programs: one thread
-            threads = 1
-        if torch.get_num_threads() != threads:   # only on a change: each call costs time
-            torch.set_num_threads(threads)
-        responses = self.run(requests)
-        self.last_start, self.last_end = start, time.monotonic()
-        return responses
+        # This instance is busy from here to the return (decoding uses a core
+        # too), so other instances see it and take a share, and so do we.
+        with self.cores.torch_threads():  # all cores alone, a share beside others
+            return self.run(requests)
 
     def run(self, requests):
         responses = [None] * len(requests)
