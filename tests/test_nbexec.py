@@ -50,6 +50,21 @@ def test_one_long_poll_waits_its_whole_timeout_slices_do_not():
     assert all(t <= 0.2 for t in channel.timeouts)
 
 
+def test_a_blocking_channel_is_sliced_too():
+    """A kernel manager made by hand gives a blocking client: its get_msg returns (or raises) at once."""
+    calls = []
+
+    def blocking_get_msg(timeout=None):
+        calls.append(timeout)
+        if len(calls) < 3:
+            time.sleep(timeout)
+            raise Empty
+        return {"msg_type": "kernel_info_reply"}
+
+    msg, waited = _timed(nbexec.sliced(blocking_get_msg, poll_s=0.1), 5.0)
+    assert msg == {"msg_type": "kernel_info_reply"} and calls == [0.1, 0.1, 0.1] and waited < 1
+
+
 def test_no_reply_is_still_empty_at_the_same_deadline():
     channel = MissedWakeUp(arrives_after=None)
     msg, waited = _timed(nbexec.sliced(channel.get_msg, poll_s=0.2), 0.5)

@@ -15,6 +15,7 @@ container (servelab.composecheck.incontainer, through servelab.course.reference)
 
 from __future__ import annotations
 
+import inspect
 import time
 from queue import Empty
 
@@ -25,14 +26,17 @@ POLL_S = 0.5
 
 def sliced(get_msg, poll_s: float = POLL_S):
     """``get_msg(timeout=...)`` of a kernel client's channel, polling at most ``poll_s`` at a time:
-    the same message, or Empty at the same deadline (never, with timeout None)."""
+    the same message, or Empty at the same deadline (never, with timeout None). The channel's own
+    get_msg may be a coroutine (the async client nbclient makes) or a plain call (the blocking client
+    of a kernel manager made by hand, as tests/notebooks/nbkit.image_kernel does)."""
 
     async def get_msg_in_slices(timeout: float | None = None, **kw):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = poll_s if deadline is None else min(poll_s, max(0.0, deadline - time.monotonic()))
             try:
-                return await get_msg(timeout=left, **kw)
+                msg = get_msg(timeout=left, **kw)
+                return await msg if inspect.isawaitable(msg) else msg
             except Empty:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
