@@ -116,9 +116,12 @@ def test_4_fastapi_runs_against_the_local_stack(tmp_path, jupyter_image_env):
     # the restored hands-on parts: the service's code read, the web page retested after the swap
     assert "# the request and the response" in text and "class PredictRequest(BaseModel):" in text
     # each marked region under its own title (a greedy title once swallowed both regions)
-    assert re.search(r"^# the forward pass[^\n]*\nwith service\.inference\(\):[^\n]*\n *t2 = time\.perf_counter\(\)[^\n]*\n *logits = model\(batch\)",
-                     text, re.M), text
+    assert re.search(r"^# the forward pass[^\n]*\nwith a_share_of_the_cores\(\), torch\.inference_mode\(\):[^\n]*\n"
+                     r" *t2 = time\.perf_counter\(\)[^\n]*\n *logits = model\(batch\)", text, re.M), text
     assert "# lesson:" not in text.split("# the request and the response", 1)[1].split("# the forward pass")[0]
+    # issue 47: the thread rule is a region of the file too, and the whole file is printed
+    assert re.search(r"^# how many requests run the model at once, and on how many threads\n", text, re.M), text
+    assert "def a_share_of_the_cores():" in text
     assert "the web page still classifies a photo" in text
     # The loops report what the lab asks for, with units, and count failures separately.
     sizes = REDUCED["4_fastapi"]

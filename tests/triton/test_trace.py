@@ -62,8 +62,14 @@ def test_every_request_of_a_model_has_a_timeline_that_adds_up(lab_triton):
     run = breakdown.measure(lab_triton.url, lab_triton.admin_key, "food_classifier_onnx", concurrency=2, n=24, warmup=4)
     _check_adds_up(run)
     assert [s for s, _m, _ms in run["timelines"][0]] == list(s for s in trace.STAGES if s != "handoff")
-    # The sum check on one client, where one stage carries the request (as notebook 6 judges it): at 2
-    # clients the queue's skew moved the p50s' sum past 10 % once, on a machine busy with other tests.
+    assert trace.settings(lab_triton.url, lab_triton.admin_key)["trace_level"] == ["OFF"]
+
+
+@pytest.mark.quiet   # judges p50s: it runs alone (make test's phase 2)
+def test_the_stage_p50s_add_up_to_the_clients_on_one_client(lab_triton):
+    """The sum check on one client, where one stage carries the request (as notebook 6 judges it). At 2
+    clients the queue's skew moved the p50s' sum past 10 % once, on a machine busy with other tests; on
+    one client beside phase 1's other tests it failed once too (CI of 2026-11-29), so it runs alone."""
     alone = breakdown.measure(lab_triton.url, lab_triton.admin_key, "food_classifier_onnx", concurrency=1, n=24, warmup=4)
     _check_adds_up(alone)
     s = breakdown.summary(alone)
