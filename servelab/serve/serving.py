@@ -10,7 +10,7 @@ kit lives here and in ``servelab.serve.harden``, which adds it from outside the 
 * Swagger UI and ReDoc served by the app itself (offline).
 
 The request contract, the body-size middleware and the error handlers live in
-``servelab.serve.serving_contract``; this module re-exports them.
+``servelab.serve.serving_contract`` (harden.py installs them); this module re-exports its limits.
 
 torch and onnxruntime are imported lazily.
 """
@@ -23,18 +23,10 @@ import sys
 from pathlib import Path
 
 from servelab.core import procs
-from servelab.serve.serving_contract import (  # noqa: F401 (re-exported: the services use serving.<name>)
+from servelab.serve.serving_contract import (  # noqa: F401 (re-exported: the tests read the limits as serving.<name>)
     BASE64_PATTERN,
-    ERROR_RESPONSES,
-    IMAGE_FIELD_DOC,
     MAX_BASE64_CHARS,
     MAX_BODY_BYTES,
-    MAX_JSON_CONTAINERS,
-    MAX_JSON_ITEMS,
-    BodySizeLimit,
-    ServerTiming,
-    install_error_handlers,
-    server_timing,
 )
 
 log = logging.getLogger("servelab")
