@@ -15,12 +15,10 @@ REPO = Path(__file__).resolve().parents[1]
 CONTRACT = {"servelab.core.food11"}
 # Each lesson file, and what of the kit it may import besides the contract.
 LESSONS = {
-    **{str(p.relative_to(REPO)): set() for p in sorted((REPO / "models_staging").glob("*/1/model.py"))},
-    # Still open in issue 47: its copies' cross-process core share (servelab/serve/threads.py says why a
-    # rule without a cross-process count was slower).
-    "models_staging/food_classifier/1/model.py": {"servelab.serve.threads"},
+    **{str(p.relative_to(REPO)): set() for p in sorted((REPO / "models_staging").glob("*/1/*.py"))},
     **{str(p.relative_to(REPO)): {"servelab.core.tinylm"}
        for p in sorted((REPO / "models_streaming").glob("*/1/model.py"))},
+    "flask_app/app.py": set(),
     "flask_app/triton_client.py": set(),
     "fastapi_pt/app.py": set(),
     "fastapi_onnx/app.py": set(),

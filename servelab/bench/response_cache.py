@@ -86,9 +86,11 @@ def _infer(client, image: bytes):
     return ms, (r.as_numpy("FOOD_LABEL")[0][0], float(r.as_numpy("PROBABILITY")[0][0]))
 
 
-def _cache_counts(client) -> tuple[int, int]:
-    stats = client.get_inference_statistics(MODEL)["model_stats"][0]["inference_stats"]
-    return stats["cache_hit"]["count"], stats["cache_miss"]["count"]
+def _cache_counts(client) -> tuple[int, int, int]:
+    """Triton's cache hits and misses of the model, and how many times it ran the model."""
+    model = client.get_inference_statistics(MODEL)["model_stats"][0]
+    stats = model["inference_stats"]
+    return stats["cache_hit"]["count"], stats["cache_miss"]["count"], int(model["execution_count"])
 
 
 def run_sequence(url: str, requests: list[tuple[bytes, bool]]) -> dict:
@@ -102,13 +104,13 @@ def run_sequence(url: str, requests: list[tuple[bytes, bool]]) -> dict:
         time.sleep(WARM_PAUSE_S)               # the reload's old stub exits; then connection and model warm
         for i in range(WARM_REQUESTS):         # new bytes each, not counted
             _infer(client, photo_bytes(paths.sample_images()[0], f"warm {time.time_ns()} {i}"))
-        hits0, misses0 = _cache_counts(client)
+        hits0, misses0, runs0 = _cache_counts(client)
         rows = [(*_infer(client, image), repeat) for image, repeat in requests]
-        hits1, misses1 = _cache_counts(client)
+        hits1, misses1, runs1 = _cache_counts(client)
     finally:
         client.close()
     return {"ms": [r[0] for r in rows], "answers": [r[1] for r in rows], "repeat": [r[2] for r in rows],
-            "triton_hits": hits1 - hits0, "triton_misses": misses1 - misses0}
+            "triton_hits": hits1 - hits0, "triton_misses": misses1 - misses0, "executions": runs1 - runs0}
 
 
 def measure(url: str, grpc_url: str, admin_key: str | None, n: int = 200, repeat: float = 0.5, seed: int = 0,
@@ -164,7 +166,7 @@ def _round(off: dict, on: dict) -> dict:
     on_ms, off_ms = np.array(on["ms"]), np.array(off["ms"])
     r = {
         "requests": len(rep), "expected_hits": int(rep.sum()),
-        "triton_hits": on["triton_hits"], "triton_misses": on["triton_misses"],
+        "triton_hits": on["triton_hits"], "triton_misses": on["triton_misses"], "executions": on["executions"],
         "hit_ratio": on["triton_hits"] / len(rep), "off_triton_hits": off["triton_hits"],
         "off_mean_ms": float(off_ms.mean()), "on_mean_ms": float(on_ms.mean()),
         "off_p50_ms": float(np.median(off_ms)), "on_p50_ms": float(np.median(on_ms)),

@@ -4,9 +4,12 @@ Triton 2.51 answers several malformed requests with HTTP 500 instead of a
 4xx (docs/SECURITY.md lists them: a negative shape, strings in FP32 data, a
 data count that does not match the shape, ...), and a NaN input comes back
 as JSON with a bare ``NaN``. The kit's own clients never send such a
-request: the Flask UI's Triton backends (``servelab.serve.flask_backends``) and the
-load generator (``servelab.bench.targets.triton_infer_body``) call
-``check_input`` first and raise ``BadTritonInput`` instead.
+request: the load generator (``servelab.bench.targets.triton_infer_body``)
+calls ``check_input`` first and raises ``BadTritonInput`` instead; the Flask
+page (``flask_app/triton_client.py``) sends only inputs that pass it by
+construction (the upload as one BYTES element, or food11.preprocess's finite
+float32 tensor), and tests/triton/test_client_inputs.py runs ``check_input``
+on what it sends.
 """
 
 from __future__ import annotations

@@ -180,8 +180,9 @@ def _command(name: str, host: str, ports: Mapping[str, int], triton_workdir: Pat
     if name == "flask":
         # The web server the Flask image runs (gunicorn + gevent, with header,
         # idle and request deadlines: servelab.serve.webserver), not Werkzeug's
-        # development server; HOST and PORT come from the environment.
-        cmd = [py, "-m", "gunicorn", "--config", "python:servelab.serve.webserver", "app:app"]
+        # development server; HOST and PORT come from the environment. The lesson's
+        # flask_app/app.py, hardened from outside its file (servelab/serve/flask_harden.py).
+        cmd = [py, "-m", "gunicorn", "--config", "python:servelab.serve.webserver", "servelab.serve.harden:flask_app"]
         base = f"http://{host}:{ports['flask']}"
         return cmd, base + "/", base, root / "flask_app"
     if name == "jupyter":

@@ -243,7 +243,7 @@ def write_report(t: Tour, meta: dict) -> Path:
           "## 2. Triton, Python backend: concurrency and instances", "",
           "Each point is a closed loop: C clients, each sending its next request when the last returns. "
           "With one instance, requests queue; a second instance helps only if the CPU has room for it. "
-          "An instance running alone uses every core, busy instances share them (servelab/serve/threads.py), "
+          "An instance running alone uses every core, busy instances share them (models_staging/food_classifier/1/core_share.py), "
           "so at concurrency 1 one and two instances match: the gain appears with concurrency.", "",
           "![latency](triton_python_latency.png)", "", "![throughput](triton_python_throughput.png)", "",
           "![queue vs compute](triton_python_queue_compute.png)", "",

@@ -14,8 +14,10 @@ The kit starts a lesson app hardened (the stack, the Docker images, the tests)::
 
     uvicorn servelab.serve.harden:fastapi_pt     # fastapi_pt/app.py, hardened
     uvicorn servelab.serve.harden:fastapi_onnx
+    gunicorn --config python:servelab.serve.webserver servelab.serve.harden:flask_app
 
-``harden(app)`` does it to any app made with ``FastAPI(...)``.
+``harden(app)`` does it to any app made with ``FastAPI(...)``; the Flask page's own hardening is
+servelab/serve/flask_harden.py.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from servelab.serve.serving_contract import (
     install_error_handlers,
 )
 
-LESSON_APPS = ("fastapi_pt", "fastapi_onnx")
+LESSON_APPS = ("fastapi_pt", "fastapi_onnx", "flask_app")
 CDN_DOCS = ("/docs", "/docs/oauth2-redirect", "/redoc")
 
 
@@ -69,14 +71,21 @@ def harden(app):
 
 def load(name: str, root=None):
     """``<root>/<name>/app.py`` (the kit's folder by default) imported as module ``app``, as
-    ``uvicorn app:app`` in that folder would; returns its ``app``, hardened."""
+    ``uvicorn app:app`` in that folder would (its folder on sys.path, for the files beside it);
+    returns its ``app``, hardened."""
     if name not in LESSON_APPS:
         raise ValueError(f"no lesson app {name!r}: one of {', '.join(LESSON_APPS)}")
-    path = (root or paths.REPO_ROOT) / name / "app.py"
-    spec = importlib.util.spec_from_file_location("app", path)
+    folder = (root or paths.REPO_ROOT) / name
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location("app", folder / "app.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["app"] = module
     spec.loader.exec_module(module)
+    if name == "flask_app":
+        from servelab.serve import flask_harden
+
+        return flask_harden.harden(module)
     return harden(module.app)
 
 

@@ -43,18 +43,18 @@ an idle Triton stub) at 100 %.
         torch.set_num_threads(n)
         ...forward pass...
 
-``TorchShare`` is that for a PyTorch model (the Triton Python model
-food_classifier/1/model.py): ``torch_threads()`` sets torch's thread count to the
-share, and ``warm_up`` runs the first passes on every count it may hand out.
 The kit's Python-backend runner of the ONNX model (servelab/triton_runner) uses
-``CoreShare``. The FastAPI lesson files hold their own, one-process rule (a
-counter: fastapi_pt/app.py, fastapi_onnx/app.py).
+``CoreShare``. The lesson files hold their own rules: the FastAPI apps a counter in
+one process (fastapi_pt/app.py, fastapi_onnx/app.py), and the Triton model
+food_classifier the same cross-process rule as this module, written for students
+in models_staging/food_classifier/1/core_share.py (issue 47). ``remove_locks``
+deletes its file too (same name).
 
-Why Triton's model does not hold a shorter rule in its own file (issue 47): a copy
-that takes a share whenever it runs back to back (no cross-process count) was
-measured with bench_naive on 2026-11-29: at one client Triton handed every request
-to the same copy, which then ran back to back on one thread: count 2 / count 1 at
-concurrency 1 was 0.81 (target 0.85-1.15; 1.03 with this module, same session).
+A shorter rule without a cross-process count (a copy takes a share whenever it
+runs back to back) was measured with bench_naive on 2026-11-29: at one client
+Triton handed every request to the same copy, which then ran back to back on one
+thread: count 2 / count 1 at concurrency 1 was 0.81 (target 0.85-1.15; 1.03 with
+a cross-process count, same session).
 """
 
 from __future__ import annotations
@@ -303,34 +303,6 @@ class CoreShare:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-class TorchShare(CoreShare):
-    """A ``CoreShare`` whose inferences run PyTorch (torch is imported when used)."""
-
-    @contextlib.contextmanager
-    def torch_threads(self) -> Iterator[int]:
-        """``threads()``, with ``torch.set_num_threads(n)`` for this inference's share.
-        Only on a change: each call, even with the same count, made passes ~7 %
-        slower in Triton."""
-        import torch
-
-        with self.threads() as n:
-            if torch.get_num_threads() != n:
-                torch.set_num_threads(n)
-            yield n
-
-    def warm_up(self, run, rounds: int = 3) -> None:
-        """Call ``run()`` (one forward pass) ``rounds`` times on each thread count
-        a Triton instance gets (1, and every core when alone), under
-        ``torch.inference_mode()``: the first passes allocate memory and pick
-        kernels, per count."""
-        import torch
-
-        with torch.inference_mode():
-            for n in sorted({1, self.cores}) * rounds:
-                torch.set_num_threads(n)
-                run()
 
 
 def _map_times(fd: int) -> mmap.mmap | None:

@@ -2,7 +2,7 @@
 
 The Flask image runs::
 
-    gunicorn --config python:servelab.serve.webserver app:app
+    gunicorn --config python:servelab.serve.webserver servelab.serve.harden:flask_app
 
 This module *is* that config file (gunicorn reads its lower-case settings)
 plus the worker class it names. The page is published on the node's public
@@ -26,12 +26,15 @@ port 80, so strangers' clients must not be able to take every worker:
   trickles in below the idle timeout still ends; it is above the backend
   call's own timeout (30 s), so a slow model answer is not cut short.
 
-CPU work (decoding an upload) would block the event loop, so the app runs it
-on a small pool of real threads (``servelab.serve.flask_backends.check_image``).
+The page checks only an upload's header (the model server decodes it), except
+with INFERENCE_BACKEND=triton_onnx, where it decodes the photo itself: a greenlet
+that decodes holds its worker for that time (tens of milliseconds), and since
+greenlets run one at a time, a worker decodes one upload at once, which also
+bounds the memory decoding takes.
 
 Run it without Docker (what tests/services/test_flask_app.py does)::
 
-    cd flask_app && HOST=127.0.0.1 PORT=5000 gunicorn --config python:servelab.serve.webserver app:app
+    HOST=127.0.0.1 PORT=5000 gunicorn --config python:servelab.serve.webserver servelab.serve.harden:flask_app
 """
 
 from __future__ import annotations

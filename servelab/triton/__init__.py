@@ -65,7 +65,7 @@ What "local" changes, said plainly in the output
   container uses.
 * No OpenMP wait policy is set (library default: spin briefly, then sleep);
   a model instance alone uses every core, busy instances share them
-  (``servelab/serve/threads.py``).
+  (``models_staging/food_classifier/1/core_share.py``; the ONNX runner's: ``servelab/serve/threads.py``).
 * Everything listens on 127.0.0.1; the model-repository API (load/unload)
   requires the admin key over HTTP (header ``admin-key``) and gRPC (header
   ``triton-grpc-protocol-admin-key``).

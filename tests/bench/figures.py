@@ -116,7 +116,8 @@ def bench_naive(data: dict, stdout: str, rc: int) -> list[str]:
 
 
 def _naive_runs_problems(data: dict) -> list[str]:
-    """Each of bench_naive's figures is the best of its runs (script.best), or NaN where --tiny runs none."""
+    """Each of bench_naive's figures is the best of its runs (script.best), or NaN where --tiny runs none;
+    FastAPI's sequential ones pool their runs' requests (requests / summed latency)."""
     out = []
     for group in ("fastapi", "triton_pt"):
         for name, runs in data[group]["runs"].items():
@@ -126,7 +127,11 @@ def _naive_runs_problems(data: dict) -> list[str]:
                     out.append(f"{group} {name}[{i}]: throughput {r['throughput']!r}")
                 if group == "fastapi":
                     out += latency_problems(f"{group} {name}[{i}]", r)
-            if runs and summary != max(r["throughput"] for r in runs):
+            if runs and name.endswith("/seq"):
+                ok = [lat for r in runs for lat in r["latencies_s"] if lat is not None]
+                if not _close(summary, len(ok) / sum(ok)):
+                    out.append(f"{group} {name}: {summary} is not its runs' requests / their summed latency")
+            elif runs and summary != max(r["throughput"] for r in runs):
                 out.append(f"{group} {name}: {summary} is not the best of its runs")
             if not runs and not math.isnan(summary):
                 out.append(f"{group} {name}: {summary} from no run")

@@ -160,3 +160,14 @@ def test_sequential_sides_take_turns_so_a_drifting_host_weighs_on_each_alike(mon
     rates = [out[k]["throughput"] for k in ("kit", "plain", "shared")]
     assert max(rates) / min(rates) < 1.02, rates
     assert all(out[k]["count"] == 100 and out[k]["failed"] == 0 for k in out)
+
+
+def test_sequential_figures_pool_every_round_of_a_side():
+    """A side's sequential figure is every round's requests over their summed latency (the kit and
+    the references interleaved request by request), not the best round picked apart from the others'."""
+    bench = _bench_naive()
+    rounds = [bench.loop_result([0.010] * 4), bench.loop_result([0.030, 0.030, None, 0.030, 0.030])]
+    assert [r["throughput"] for r in rounds] == pytest.approx([100.0, 100 / 3])
+    both = bench.pooled(rounds)
+    assert (both["count"], both["failed"]) == (8, 1)
+    assert both["throughput"] == pytest.approx(8 / 0.16)   # not the best round's 100/s

@@ -160,7 +160,8 @@ def images() -> dict[str, Image]:
         Image("fastapi_onnx", REPO / "fastapi_onnx/Dockerfile", _from(REPO / "fastapi_onnx/Dockerfile"),
               ["fastapi_onnx/app.py"]),
         Image("flask", REPO / "flask_app/Dockerfile", _from(REPO / "flask_app/Dockerfile"),
-              ["flask_app/app.py", "-m servelab.serve.webserver"]),
+              ["flask_app/app.py", "-m servelab.serve.webserver", "-m servelab.serve.harden",
+               "servelab/serve/flask_harden.py"]),   # CMD: gunicorn ... servelab.serve.harden:flask_app
         Image("models", d / "Dockerfile.models", _from(d / "Dockerfile.models"),
               ["-m servelab", "servelab/serve/models.py"]),   # `python -m servelab models build`
         Image("triton", d / "Dockerfile.triton", _from(d / "Dockerfile.triton"),
@@ -374,6 +375,7 @@ def walk(roots: list[str], cells: list[tuple[str, str]] = ()) -> tuple[set[str],
         parsed[name] = imports_in(_source_of_cells([src]), name)
         root_sources.add(name)
         todo += _kit_modules(parsed[name].uses)
+    siblings: dict[str, set[str]] = {}   # a lesson file's imports of the files beside it
     while todo:
         path, mod = todo.pop()
         rel = str(path.relative_to(REPO))
@@ -382,6 +384,13 @@ def walk(roots: list[str], cells: list[tuple[str, str]] = ()) -> tuple[set[str],
         pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
         parsed[rel] = imports_in(path.read_text(), rel, pkg)
         todo += _kit_modules(parsed[rel].uses)
+        if not mod and not (path.parent / "__init__.py").exists():
+            # A script's own folder is on its import path (Triton's Python backend puts a
+            # model's version folder there; `gunicorn`/servelab.serve.harden the app's folder).
+            beside = {u.module.split(".")[0] for u in parsed[rel].uses
+                      if (path.parent / f"{u.module.split('.')[0]}.py").is_file()}
+            siblings[rel] = beside
+            todo += [(path.parent / f"{name}.py", "") for name in sorted(beside)]
     # What can run: everything in the roots and at module level everywhere, then every
     # top-level function or class that running code names, bare within its own module
     # or as `module.name` (or `from module import name`) elsewhere.
@@ -400,7 +409,7 @@ def walk(roots: list[str], cells: list[tuple[str, str]] = ()) -> tuple[set[str],
                     local[src] |= names | {owner}
                     grew = True
     external = [u for src, p in parsed.items() for u in p.uses
-                if u.module.split(".")[0] not in ("servelab", "")
+                if u.module.split(".")[0] not in ("servelab", "", *siblings.get(src, ()))
                 and (u.owner is None or u.owner in local[src])]
     return {s for s in parsed if s not in dict(cells)}, external
 

@@ -94,7 +94,8 @@ def test_flask_page_with_the_images_pins_calls_fastapi(onnx_service, tmp_path):
     onnx, _ = onnx_service
     venv = k.service_env("flask")
     port = procs.free_port()
-    server = procs.start("flask", [str(venv / "bin" / "gunicorn"), "--config", "python:servelab.serve.webserver", "app:app"],
+    server = procs.start("flask", [str(venv / "bin" / "gunicorn"), "--config", "python:servelab.serve.webserver",
+                          "servelab.serve.harden:flask_app"],
                          f"http://127.0.0.1:{port}", tmp_path / "gunicorn.log",
                          env=_env(venv, HOST="127.0.0.1", PORT=str(port), INFERENCE_BACKEND="fastapi",
                                   FASTAPI_SERVER_URL=onnx.url, WEB_WORKERS="1"),

@@ -56,13 +56,14 @@ def start_fastapi(kind: str, port: int | None = None, env: dict | None = None,
 
 def start_flask(backend_url: str, port: int | None = None, env: dict | None = None,
                 cwd: str | os.PathLike | None = None, timeout: float = 60.0) -> procs.Server:
-    """flask_app/app.py as the README runs it (``python app.py``), backend fastapi."""
+    """flask_app/app.py as the kit serves it (gunicorn, servelab.serve.webserver, hardened), backend fastapi."""
     port = port or procs.free_port()
     log = LOG_DIR / f"flask_{port}.log"
     server = procs.start(
-        "flask", [sys.executable, str(REPO / "flask_app" / "app.py")], f"http://127.0.0.1:{port}",
+        "flask", [sys.executable, "-m", "gunicorn", "--config", "python:servelab.serve.webserver",
+                  "servelab.serve.harden:flask_app"], f"http://127.0.0.1:{port}",
         log_path=log, cwd=str(cwd or REPO / "flask_app"),
-        env={"PORT": str(port), "INFERENCE_BACKEND": "fastapi", "FASTAPI_SERVER_URL": backend_url,
+        env={"HOST": "127.0.0.1", "PORT": str(port), "INFERENCE_BACKEND": "fastapi", "FASTAPI_SERVER_URL": backend_url,
              "PYTHONPATH": str(REPO), **(env or {})},
     )
     try:

@@ -23,7 +23,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 from servelab.core import food11
-from servelab.serve import flask_backends
+from servelab.serve import flask_harden
 
 from .fuzzimages import FINDINGS, expected_status, fuzz_settings, hostile_images, valid_images
 from .relsupport import REPO, log_has_traceback, sample_bytes, start_fastapi, start_flask
@@ -117,7 +117,7 @@ def test_fuzzer_findings_get_4xx_or_a_label(stack, name):
 
 
 def test_upload_size_limit(stack):
-    limit = flask_backends.MAX_UPLOAD_BYTES
+    limit = flask_harden.MAX_UPLOAD_BYTES
     big = b"\xff\xd8" + b"\0" * (limit + 1024)
     r = requests.post(f"{stack['flask'].url}/predict", files={"file": ("big.jpg", big, "image/jpeg")},
                       timeout=TIMEOUT)

@@ -42,13 +42,14 @@ def start_fastapi(folder: str, log_dir: Path, env: dict | None = None) -> procs.
 
 def start_flask(log_dir: Path, env: dict, cmd=None, name: str = "flask_app", ready: str = "/") -> procs.Server:
     """The Flask UI in flask_app/ on a free loopback port; waits until ``ready`` answers.
-    ``cmd(port)`` gives its command line (default ``python app.py``; a web server's for the
-    gunicorn tests)."""
+    ``cmd(port)`` gives its command line (default: the kit's, gunicorn with servelab.serve.webserver
+    and the lesson app hardened)."""
     port = procs.free_port()
     url = f"http://127.0.0.1:{port}"
     server = procs.start(
         name,
-        cmd(port) if cmd else [sys.executable, "app.py"],
+        cmd(port) if cmd else [sys.executable, "-m", "gunicorn", "--config", "python:servelab.serve.webserver",
+                               "servelab.serve.harden:flask_app"],
         url,
         log_path=log_dir / f"{name}-{port}.log",
         env={"PYTHONPATH": str(REPO), "HOST": "127.0.0.1", "PORT": str(port), **env},

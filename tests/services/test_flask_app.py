@@ -3,37 +3,30 @@ ONNX server on loopback (and to nothing, for the backend-down paths)."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import re
 import sys
 import tempfile
+import types
 
 import pytest
 
 from servelab.core import food11, paths, procs
-from servelab.serve import flask_backends
+from servelab.serve import flask_harden, harden
 
 from .helpers import REPO, bomb_png, first_jpeg, scan_bomb_jpeg, start_flask, truncated_jpeg, truncated_jpeg_with_end
 
-_loaded = 0
-
 
 def load_app(monkeypatch, **env):
-    """Import flask_app/app.py afresh with ``env`` (the backend is chosen at import)."""
-    global _loaded
+    """flask_app/app.py afresh with ``env`` (the backend is chosen at import), hardened as the kit
+    serves it (servelab.serve.harden:flask_app); ``.app`` is the app, ``.lesson`` the module."""
     for key in ("INFERENCE_BACKEND", "FASTAPI_SERVER_URL", "TRITON_SERVER_URL", "FOOD11_MODEL_NAME"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    _loaded += 1
-    name = f"flask_app_under_test_{_loaded}"
-    spec = importlib.util.spec_from_file_location(name, REPO / "flask_app" / "app.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    module.app.testing = True
-    return module
+    app = harden.load("flask_app")
+    app.testing = True
+    return types.SimpleNamespace(app=app, lesson=sys.modules["app"])
 
 
 @pytest.fixture()
@@ -114,7 +107,7 @@ def test_missing_file_field_is_400(client):
 
 
 def test_body_over_limit_is_413(client):
-    r = upload(client, b"\xff" * (flask_backends.MAX_UPLOAD_BYTES + 1024))
+    r = upload(client, b"\xff" * (flask_harden.MAX_UPLOAD_BYTES + 1024))
     assert r.status_code == 413
     assert "too large" in r.get_data(as_text=True)
     good_upload_works(client)
@@ -162,29 +155,29 @@ def test_backend_down_gives_503_not_a_traceback(down_client):
     assert upload(down_client, b"not an image at all").status_code == 400
 
 
-def test_backend_choice_from_env():
-    b = flask_backends.from_env({"INFERENCE_BACKEND": "fastapi", "FASTAPI_SERVER_URL": "http://h:1/"})
-    assert isinstance(b, flask_backends.FastAPIBackend) and b.target == "http://h:1/predict"
-    b = flask_backends.from_env({"INFERENCE_BACKEND": "triton"})
-    assert isinstance(b, flask_backends.TritonBackend)
-    assert (b.url, b.model) == ("127.0.0.1:8000", "food_classifier")
-    b = flask_backends.from_env({"INFERENCE_BACKEND": "triton_onnx", "TRITON_SERVER_URL": "triton_server:8000"})
-    assert isinstance(b, flask_backends.TritonOnnxBackend)
-    assert (b.url, b.model) == ("triton_server:8000", "food_classifier_onnx")
-    b = flask_backends.from_env({"INFERENCE_BACKEND": "triton_onnx", "FOOD11_MODEL_NAME": "other"})
-    assert b.model == "other"
+def test_backend_choice_from_env(monkeypatch):
+    page = load_app(monkeypatch, INFERENCE_BACKEND="fastapi", FASTAPI_SERVER_URL="http://h:1").lesson
+    assert (page.BACKEND, page.FASTAPI_URL) == ("fastapi", "http://h:1")
+    page = load_app(monkeypatch, INFERENCE_BACKEND="triton").lesson
+    assert (page.TRITON_URL, page.MODEL) == ("127.0.0.1:8000", "food_classifier")
+    page = load_app(monkeypatch, INFERENCE_BACKEND="triton_onnx", TRITON_SERVER_URL="triton_server:8000").lesson
+    assert (page.TRITON_URL, page.MODEL) == ("triton_server:8000", "food_classifier_onnx")
+    assert load_app(monkeypatch, INFERENCE_BACKEND="triton_pipeline").lesson.MODEL == "food_pipeline"
+    assert load_app(monkeypatch, INFERENCE_BACKEND="triton_onnx", FOOD11_MODEL_NAME="other").lesson.MODEL == "other"
     with pytest.raises(SystemExit, match="INFERENCE_BACKEND"):
-        flask_backends.from_env({"INFERENCE_BACKEND": "tensorflow"})
+        load_app(monkeypatch, INFERENCE_BACKEND="tensorflow")
 
 
-@pytest.mark.integration   # real servers
-def test_triton_backend_down_is_503():
-    port = procs.free_port()
-    for backend in (flask_backends.TritonBackend(f"127.0.0.1:{port}", "food_classifier"),
-                    flask_backends.TritonOnnxBackend(f"127.0.0.1:{port}", "food_classifier_onnx")):
-        with pytest.raises(flask_backends.BackendUnavailable):
-            backend.classify(first_jpeg(), flask_backends.check_image(first_jpeg()))
-        assert backend.ready()[0] is False
+@pytest.mark.integration   # real sockets
+@pytest.mark.parametrize("backend", ["triton", "triton_onnx", "triton_pipeline"])
+def test_triton_down_is_503(monkeypatch, backend):
+    port = procs.free_port()   # nothing listens here
+    page = load_app(monkeypatch, INFERENCE_BACKEND=backend, TRITON_SERVER_URL=f"127.0.0.1:{port}").app.test_client()
+    r = upload(page, first_jpeg())
+    assert r.status_code == 503 and "Triton is not reachable" in r.get_data(as_text=True)
+    assert page.get("/health").status_code == 503
+    assert page.get("/test").get_json()["error"] == "backend_unavailable"
+    assert upload(page, b"not an image at all").status_code == 400   # checked first
 
 
 # --------------------------------------------------------------------------
@@ -391,6 +384,9 @@ def test_the_page_says_trained_only_for_trained_weights(monkeypatch, reported, s
 
         def json(self):
             return body
+
+        def raise_for_status(self):
+            pass
 
     monkeypatch.setattr(requests, "post", lambda *a, **k: Answer())   # no server: the backend's answer only
     r = upload(module.app.test_client(), first_jpeg())

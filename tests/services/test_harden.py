@@ -72,5 +72,5 @@ def test_docs_come_from_the_app_and_the_schema_states_the_contract(client):
 
 
 def test_only_the_lesson_apps_load():
-    with pytest.raises(ValueError, match="no lesson app 'flask_app'"):
-        harden.load("flask_app")
+    with pytest.raises(ValueError, match="no lesson app 'servelab'"):
+        harden.load("servelab")

@@ -192,7 +192,7 @@ def flask_gunicorn(onnx_server, service_logs):
 
     exe = shutil.which("gunicorn", path=os.path.dirname(sys.executable))
     server = start_flask(service_logs, {"INFERENCE_BACKEND": "fastapi", "FASTAPI_SERVER_URL": onnx_server.url},
-                         cmd=lambda port: [exe, "--config", "python:servelab.serve.webserver", "app:app"],
+                         cmd=lambda port: [exe, "--config", "python:servelab.serve.webserver", "servelab.serve.harden:flask_app"],
                          name="flask_gunicorn", ready="/health")
     try:
         yield server

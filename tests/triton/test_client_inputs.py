@@ -3,22 +3,20 @@
 
 Each client checks its input before anything goes out: the load generator's
 request builder (servelab.bench.targets.triton_infer_body, used by every
-Triton target and benchmark) and the Flask UI's two Triton backends. The
-checks here count the connections a client makes: none for a bad input.
+Triton target and benchmark). The Flask page's Triton calls (flask_app/) send
+only inputs that pass the same check by construction; the last test runs the
+check on what they send.
 """
 
 from __future__ import annotations
 
 import base64
-import socket
-import threading
 
 import numpy as np
 import pytest
 
 from servelab.bench import targets
 from servelab.core.triton_inputs import BadTritonInput, check_input
-from servelab.serve import flask_backends
 
 GOOD = np.zeros((1, 3, 224, 224), np.float32)
 
@@ -52,61 +50,42 @@ def test_good_inputs_pass():
     assert len(body) > GOOD.nbytes and "Inference-Header-Content-Length" in headers
 
 
-class _Listener:
-    """A loopback socket that counts connections (and answers none)."""
+@pytest.mark.parametrize("backend", ["triton", "triton_onnx", "triton_pipeline"])
+def test_the_flask_page_sends_only_inputs_that_pass_the_check(monkeypatch, backend):
+    """The page (flask_app/app.py with triton_client.py beside it) sends the upload as one BYTES
+    element, or food11.preprocess's tensor: what it hands tritonclient passes check_input, for
+    every sample photo."""
+    import tritonclient.http as httpclient
 
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.connections = 0
-        threading.Thread(target=self._accept, daemon=True).start()
+    from servelab.core import paths
+    from servelab.serve import harden
 
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            conn.close()
+    sent = []
 
-    @property
-    def url(self) -> str:
-        return f"127.0.0.1:{self.sock.getsockname()[1]}"
+    def infer(self, model, inputs, outputs=None, **kw):
+        for i in inputs:
+            sent.append((i.name(), i.datatype(), i.shape()))
+            check_input(i.name(), i.datatype(), i.shape(), _elements(i))
+        raise ConnectionRefusedError("no Triton here")   # stop before the network
 
-
-@pytest.mark.parametrize("value", [np.nan, np.inf])
-@pytest.mark.integration   # a real server
-def test_flask_onnx_backend_sends_no_bad_tensor(value):
-    listener = _Listener()
-    backend = flask_backends.TritonOnnxBackend(listener.url, "food_classifier_onnx", timeout=3)
-    backend._config = {"max_batch_size": 16}   # known already: no config request either
-    with pytest.raises(flask_backends.ClassifyError) as caught:
-        backend.classify(b"", tensor=np.full((3, 224, 224), value, np.float32))
-    assert caught.value.code == "invalid_model_input" and caught.value.status == 500
-    assert listener.connections == 0, "the backend sent the bad tensor to Triton"
-    listener.sock.close()
+    monkeypatch.setattr(httpclient.InferenceServerClient, "infer", infer)
+    monkeypatch.setenv("INFERENCE_BACKEND", backend)
+    monkeypatch.delenv("FOOD11_MODEL_NAME", raising=False)
+    page = harden.load("flask_app").test_client()
+    for photo in paths.sample_images():
+        r = page.post("/predict", data={"file": (photo.open("rb"), photo.name)}, content_type="multipart/form-data")
+        assert r.status_code == 503, r.get_data(as_text=True)[:300]
+    want = {"triton": ("INPUT_IMAGE", "BYTES", [1, 1]), "triton_pipeline": ("IMAGE_BYTES", "BYTES", [1, 1]),
+            "triton_onnx": ("input", "FP32", [1, 3, 224, 224])}[backend]
+    assert sent == [want] * len(paths.sample_images())
 
 
-@pytest.mark.integration   # a real server
-def test_flask_backends_check_before_sending(monkeypatch):
-    """Both Triton backends call the check on the exact array they send."""
-    seen = []
+def _elements(inp):
+    """The elements an InferInput holds (set with binary_data: decoded back from its raw bytes)."""
+    raw = inp._raw_data
+    assert raw is not None, "the page sends its tensors as binary data"
+    if inp.datatype() == "FP32":
+        return np.frombuffer(raw, np.float32)
+    from tritonclient.utils import deserialize_bytes_tensor
 
-    def spy(name, datatype, shape, data):
-        seen.append((name, datatype, tuple(shape)))
-        raise BadTritonInput("stop here")
-
-    import servelab.core.triton_inputs as ti
-
-    monkeypatch.setattr(ti, "check_input", spy)
-    listener = _Listener()
-    for cls, model in ((flask_backends.TritonBackend, "food_classifier"),
-                       (flask_backends.TritonOnnxBackend, "food_classifier_onnx")):
-        backend = cls(listener.url, model, timeout=3)
-        backend._config = {"max_batch_size": 16}
-        with pytest.raises(flask_backends.ClassifyError):
-            backend.classify(b"\xff\xd8 not decoded here", tensor=GOOD[0])
-    assert seen == [("INPUT_IMAGE", "BYTES", (1, 1)), ("input", "FP32", (1, 3, 224, 224))]
-    assert listener.connections == 0
+    return list(deserialize_bytes_tensor(raw))

@@ -96,6 +96,7 @@ def test_python_model_config_matches_model_py_and_the_weights(artifacts):
 
 @pytest.mark.parametrize("path, version", [
     (STAGING / "food_classifier" / "1" / "model.py", (3, 10)),  # the container's Python
+    (STAGING / "food_classifier" / "1" / "core_share.py", (3, 10)),
     (STAGING / "food_preprocess" / "1" / "model.py", (3, 10)),
     (STAGING / "food_postprocess" / "1" / "model.py", (3, 10)),
     (ONNX_RUNNER, (3, 8)),
@@ -123,6 +124,8 @@ def _food_classifier_model_py(monkeypatch):
     import importlib.util
 
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pbstub.stand_in())
+    monkeypatch.syspath_prepend(str(STAGING / "food_classifier" / "1"))   # the stub puts the version folder on it
+    monkeypatch.delitem(sys.modules, "core_share", raising=False)
     spec = importlib.util.spec_from_file_location("food_classifier_model_py", STAGING / "food_classifier" / "1" / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -148,8 +151,6 @@ def test_model_py_answers_each_request_with_the_softmax_top1(artifacts, sample_p
     use; torch computes FP16 on the CPU too) the labels are the same and the probabilities within 0.05 (0.017 at most on the samples, 2026-11-29)."""
     import torch
 
-    from servelab.serve import threads
-
     module = _food_classifier_model_py(monkeypatch)
     group = f"test_model_py_{os.getpid()}"
     before = torch.get_num_threads()
@@ -167,10 +168,10 @@ def test_model_py_answers_each_request_with_the_softmax_top1(artifacts, sample_p
         ])
     finally:
         torch.set_num_threads(before)
-        try:
-            os.unlink(threads.lock_path(threads.lock_folder(), os.getppid(), group))
-        except OSError:
-            pass
+        if hasattr(model, "cores"):
+            model.finalize()
+        for name in glob.glob(f"/dev/shm/servelab-cores-{os.getuid()}-{os.getppid()}-{group}"):
+            os.unlink(name)
     # What the answers should be, from the weights directly: softmax over the 11 logits, then top-1.
     weights = torch.load(artifacts["pth"], map_location="cpu", weights_only=False).eval()
     with torch.inference_mode():
@@ -238,7 +239,8 @@ def test_runtime_repository_layout(tmp_path, artifacts):
     assert (onnx_version / "model.py").read_text() == ONNX_RUNNER.read_text()
     assert (onnx_version / "model.onnx").resolve() == artifacts["onnx"].resolve()
     py_version = tmp_path / "food_classifier" / "1"
-    assert (py_version / "model.py").read_text() == (STAGING / "food_classifier" / "1" / "model.py").read_text()
+    for lesson in ("model.py", "core_share.py"):   # and the files model.py imports from beside it
+        assert (py_version / lesson).read_text() == (STAGING / "food_classifier" / "1" / lesson).read_text()
     assert (py_version / "food11.pth").resolve() == artifacts["pth"].resolve()
     # The generated config is valid for Triton and says what changed.
     text = (tmp_path / "food_classifier_onnx" / "config.pbtxt").read_text()

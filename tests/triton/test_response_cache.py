@@ -23,7 +23,9 @@ def test_hits_are_the_repeated_bytes_and_answers_do_not_change(start_triton):
         assert out["triton_hits"] == out["expected_hits"] > 0
         assert out["triton_misses"] == out["requests"] - out["expected_hits"]
         assert out["off_triton_hits"] == 0 and out["same_answers"]
-        assert out["hit_p50_ms"] * 3 < out["miss_p50_ms"]       # a hit does not run MobileNetV2
+        # A hit does not run MobileNetV2: Triton ran the model once per miss (one request at a time).
+        # (How much faster a hit is, is the benchmark's figure, not a test's: this one runs beside others.)
+        assert out["executions"] == out["triton_misses"]
         assert lines[1].endswith("answers the same") and lines[-1].startswith("speed-up of the mean latency")
         after = control.model_config(response_cache.MODEL, server.grpc_url)
         assert not after.get("response_cache", {}).get("enable") and after == before

@@ -14,9 +14,9 @@ import os
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
+from core_share import CoreShare  # beside this file: how instances share the CPU cores
 
 from servelab.core import food11  # images, labels, softmax
-from servelab.serve import threads  # CPU cores shared between instances
 
 
 class TritonPythonModel:
@@ -41,11 +41,14 @@ class TritonPythonModel:
         self.model = self.model.to(self.dtype)
 
         # Instances of this model share the CPU cores: alone, one gets every core; when
-        # others are busy, each an equal share (servelab/serve/threads.py, TorchShare).
-        self.cores = threads.TorchShare(group=args["model_name"])
-        # Warm-up: the first passes allocate memory and pick kernels (on each thread count).
-        shape = (1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE)
-        self.cores.warm_up(lambda: self.model(torch.zeros(shape, device=self.device, dtype=self.dtype)))
+        # others are busy, each an equal share (core_share.py, beside this file).
+        self.cores = CoreShare(args["model_name"])
+        # Warm-up: the first passes allocate memory and pick kernels, on each thread count.
+        zeros = torch.zeros((1, 3, food11.INPUT_SIZE, food11.INPUT_SIZE), device=self.device, dtype=self.dtype)
+        with torch.inference_mode():
+            for n in self.cores.thread_counts() * 3:
+                torch.set_num_threads(n)
+                self.model(zeros)
         pb_utils.Logger.log_info(
             f"{args['model_instance_name']}: {precision} on {self.device}, up to {self.cores.cores} CPU thread(s)"
         )
@@ -53,7 +56,9 @@ class TritonPythonModel:
     def execute(self, requests):
         # This instance is busy from here to the return (decoding uses a core
         # too), so other instances see it and take a share, and so do we.
-        with self.cores.torch_threads():  # all cores alone, a share beside others
+        with self.cores.threads() as n:  # all cores alone, a share beside others
+            if torch.get_num_threads() != n:  # only on a change: setting it costs time
+                torch.set_num_threads(n)
             return self.run(requests)
 
     def run(self, requests):
@@ -96,4 +101,5 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
+        self.cores.close()
         self.model = None
