@@ -81,6 +81,7 @@ code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; fo
 pre { background: var(--bg-code); border: 1px solid var(--line); border-radius: 6px; padding: 0.75rem 1rem;
       overflow-x: auto; margin: 0; white-space: pre-wrap; overflow-wrap: anywhere; }
 code, a { overflow-wrap: anywhere; }
+p, li { overflow-wrap: anywhere; }  /* a long path in running text still fits a phone's width */
 img { max-width: 100%; height: auto; }
 pre.output { background: #fff; border-style: dashed; font-size: 0.85rem; }
 .outputs { margin: 0.3rem 0 0 0; }
