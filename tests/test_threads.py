@@ -9,6 +9,7 @@ import time
 import pytest
 
 from servelab.serve import threads
+from tests.forked import child_inside
 
 
 @pytest.fixture(autouse=True)
@@ -66,28 +67,8 @@ def test_workers_bound_the_inferences_running_at_once():
     assert order == ["first done", "second ran"]
 
 
-def _child_holding(group: str, lock_dir: str, seconds: float) -> int:
-    """Fork a process (another Triton instance) that holds an inference in
-    ``group`` for ``seconds``; return once it holds it."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        os.close(r)
-        try:
-            share = threads.CoreShare(cores=2, group=group, lock_dir=lock_dir, server=1)
-            with share.threads():
-                os.write(w, b"x")
-                time.sleep(seconds)
-        finally:
-            os._exit(0)
-    os.close(w)
-    assert os.read(r, 1) == b"x"
-    os.close(r)
-    return pid
-
-
 def test_instances_in_other_processes_count_each_other(tmp_path):
-    busy = _child_holding("m", str(tmp_path), 30)
+    busy = child_inside(lambda: threads.CoreShare(cores=2, group="m", lock_dir=str(tmp_path), server=1).threads(), 30)
     try:
         share = threads.CoreShare(cores=2, group="m", lock_dir=str(tmp_path), server=1)
         with share.threads() as n:

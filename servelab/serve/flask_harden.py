@@ -207,8 +207,7 @@ def harden(lesson):
     app.register_error_handler(HTTPException, lambda e: failure(e.code, "bad_request", http_error_message(e)))
     app.register_error_handler(requests.RequestException, lambda e: failure(*_fastapi_error(e, lesson)))
     app.register_error_handler(InferenceServerException, lambda e: failure(*_triton_error(e, lesson)))
-    app.register_error_handler(OSError, lambda e: failure(*_unreachable(e, lesson)))
-    app.register_error_handler(TimeoutError, lambda e: failure(*_unreachable(e, lesson)))
+    app.register_error_handler(OSError, lambda e: failure(*_unreachable(e, lesson)))   # TimeoutError too
 
     @app.errorhandler(Exception)
     def anything_else(err):

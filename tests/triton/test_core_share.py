@@ -10,6 +10,7 @@ import time
 import pytest
 
 from servelab.core import paths
+from tests.forked import child_inside
 
 spec = importlib.util.spec_from_file_location(
     "core_share", paths.MODELS_STAGING / "food_classifier" / "1" / "core_share.py")
@@ -28,21 +29,8 @@ def share(tmp_path, model="m", server=1, cores=2):
 
 
 def _peer_running(tmp_path, model="m", server=1):
-    """Fork a process (another instance) that runs a batch until killed; return its pid once it runs."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        os.close(r)
-        try:
-            with share(tmp_path, model, server).threads():
-                os.write(w, b"x")
-                time.sleep(60)
-        finally:
-            os._exit(0)
-    os.close(w)
-    assert os.read(r, 1) == b"x"
-    os.close(r)
-    return pid
+    """Another instance, in its own process, running a batch until killed; its pid."""
+    return child_inside(lambda: share(tmp_path, model, server).threads())
 
 
 def test_an_instance_alone_gets_every_core_every_time(tmp_path):
