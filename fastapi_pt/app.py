@@ -57,6 +57,14 @@ torch.set_num_interop_threads(1)          # MobileNetV2 is one chain of layers
 print(f"device: {device}; {CORES} core(s), up to {WORKERS} request(s) at once", flush=True)
 
 
+def runnable_now():
+    # Threads ready to run on the whole machine at this instant: the 4th field of /proc/loadavg,
+    # "running/total". (The load average itself trails the last minute: after a burst it stays
+    # high on a machine that is idle again, and would cost a lone request its cores.)
+    with open("/proc/loadavg") as f:
+        return int(f.read().split()[3].split("/")[0])
+
+
 @contextlib.contextmanager
 def a_share_of_the_cores():
     global in_flight
@@ -65,7 +73,7 @@ def a_share_of_the_cores():
     try:
         with slots:
             threads = max(1, CORES // min(in_flight, WORKERS))
-            if os.getloadavg()[0] > 3 * CORES:    # a machine busy with other programs: one thread
+            if runnable_now() > 3 * CORES:    # a machine busy with other programs: one thread
                 threads = 1
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)

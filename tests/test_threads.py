@@ -12,10 +12,13 @@ from servelab.serve import threads
 from tests.forked import child_inside
 
 
+RUNNABLE_NOW = threads.runnable_now   # the real count, before quiet_machine replaces it
+
+
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch):
     """The share rule on a machine with no other work (the test machine may be busy)."""
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    monkeypatch.setattr(threads, "runnable_now", lambda: 1)
 
 
 def test_lone_inference_gets_every_core():
@@ -88,10 +91,10 @@ def test_instances_in_other_processes_count_each_other(tmp_path):
 
 def test_a_busy_machine_gets_one_thread_per_inference(monkeypatch):
     share = threads.CoreShare(cores=2)
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    monkeypatch.setattr(threads, "runnable_now", lambda: 7)
     with share.threads() as n:
         assert n == 1  # others keep the cores busy: a 2-thread pass would wait on them
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (1.0, 1.0, 1.0))
+    monkeypatch.setattr(threads, "runnable_now", lambda: 6)
     with share.threads() as n:
         assert n == 2
 
@@ -192,3 +195,33 @@ def test_pass_times_are_recorded_in_the_group_file(tmp_path):
     start, end, before = threads.TIMES.unpack_from(share._times, threads.TIMES_OFFSET)
     assert t0 <= start < end <= time.monotonic() and end - start >= 0.01 and 0 < before <= start
     share.close()
+
+
+@pytest.mark.quiet   # counts every thread ready to run on the machine: alone, or others' threads count
+def test_runnable_now_counts_threads_ready_now_not_the_minute_before():
+    """Eight spinning processes are counted while they spin and not once they have stopped
+    (the 1-minute load average would still carry them). The same count in food_classifier's
+    core_share.py, which the Triton model reads."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from servelab.core import paths
+
+    spec = importlib.util.spec_from_file_location(
+        "core_share", paths.MODELS_STAGING / "food_classifier" / "1" / "core_share.py")
+    core_share = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(core_share)
+    read = {"threads": RUNNABLE_NOW, "core_share": core_share.runnable_now}
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(8)]
+    try:
+        time.sleep(0.5)
+        during = {name: f() for name, f in read.items()}
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    time.sleep(0.2)
+    after = {name: f() for name, f in read.items()}
+    assert all(n >= 8 for n in during.values()), during
+    assert all(1 <= n < 8 for n in after.values()), after

@@ -8,9 +8,9 @@ gets an equal share (one core each on a 2-core machine). Why:
   the plain code at one client teaches the wrong thing);
 * N passes at once on all cores each run N x cores threads on the cores:
   threads wait on each other at every layer and every request gets slower;
-* on a machine kept busy by other work (load average above 3 x the cores)
-  every inference gets one thread: a multi-threaded pass waits at every layer
-  for all its threads to be scheduled at once.
+* on a machine kept busy by other work (more than 3 x the cores threads ready
+  to run at this instant) every inference gets one thread: a multi-threaded
+  pass waits at every layer for all its threads to be scheduled at once.
 
 ``CoreShare`` counts the inferences in flight. Within one process (the
 FastAPI services: one request per thread) a counter does it. Triton runs each
@@ -92,16 +92,26 @@ def share_of(cores: int, busy: int) -> int:
     return max(1, cores // max(1, busy))
 
 
-def machine_busy(cores: int) -> bool:
-    """Other work keeps more than three times our cores runnable (1-minute
-    load average; the lab's own closed loops stay below it). A pass on several
-    threads waits at every layer for all of them to be running at once; on
-    such a machine that wait dominates (seen here at load 12 on 2 cores:
-    2-thread passes 1-2 s, 1-thread passes 0.2 s)."""
+def runnable_now() -> int:
+    """Threads ready to run on the whole machine at this instant (/proc/loadavg's
+    4th field, "running/total"; 0 where there is no /proc). Not the 1-minute load
+    average: after a burst it stays high on a machine that is idle again (seen
+    here: load average 12 on an idle 2-core machine, and the kit's FastAPI ONNX
+    at 0.79-0.83 of plain ONNX Runtime at one client, one thread per pass)."""
     try:
-        return os.getloadavg()[0] > 3 * cores
-    except OSError:
-        return False
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def machine_busy(cores: int) -> bool:
+    """Other work keeps more than three times our cores runnable right now (the
+    lab's own closed loops stay below it). A pass on several threads waits at
+    every layer for all of them to be running at once; on such a machine that
+    wait dominates (seen here at load 12 on 2 cores: 2-thread passes 1-2 s,
+    1-thread passes 0.2 s)."""
+    return runnable_now() > 3 * cores
 
 
 def lock_folder() -> str:

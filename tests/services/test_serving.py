@@ -145,10 +145,41 @@ def test_the_onnx_app_has_a_session_for_every_share_it_hands_out(built_models, m
     app = _onnx_app(monkeypatch, cores, workers)
     assert (app.WORKERS, sorted(app.sessions)) == expected
     assert (app.CORES, app.device) == (cores, "cpu")
-    for load in (0.1, 100.0):   # idle, then a machine busy with other programs
-        monkeypatch.setattr(app.os, "getloadavg", lambda: (load, load, load))
+    assert app.runnable_now() >= 1   # at least the thread that reads it
+    for runnable in (1, 3 * cores, 3 * cores + 1):   # idle; at the limit; busy with other programs
+        monkeypatch.setattr(app, "runnable_now", lambda: runnable)
         with app.a_share_of_the_cores() as session:
-            assert session is app.sessions[1 if load > 3 * cores else cores]
+            assert session is app.sessions[1 if runnable > 3 * cores else cores]
+
+
+def test_the_pt_app_gives_a_lone_request_every_core_a_pair_a_share_and_a_busy_machine_one(built_models):
+    """fastapi_pt/app.py's thread rule, in a fresh interpreter (torch fixes its inter-op threads once
+    per process): on 4 cores a lone request gets 4 threads, the second of two in flight 2, and on a
+    machine where other programs keep more than 3 x 4 threads ready to run, one."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib.util, os, sys\n"
+        "os.sched_getaffinity = lambda pid: {0, 1, 2, 3}\n"
+        "spec = importlib.util.spec_from_file_location('app', sys.argv[1])\n"
+        "app = importlib.util.module_from_spec(spec); spec.loader.exec_module(app)\n"
+        "assert app.runnable_now() >= 1\n"
+        "out = []\n"
+        "for runnable in (1, 12, 13):\n"
+        "    app.runnable_now = lambda: runnable\n"
+        "    with app.a_share_of_the_cores() as n:\n"
+        "        out.append((n, app.torch.get_num_threads()))\n"
+        "app.runnable_now = lambda: 1\n"
+        "with app.a_share_of_the_cores() as a:\n"
+        "    with app.a_share_of_the_cores() as b:\n"
+        "        out.append((a, b))\n"
+        "print(out)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("SERVELAB_DEVICE", "SERVELAB_INFERENCE_WORKERS")}
+    proc = subprocess.run([sys.executable, "-c", code, str(paths.REPO_ROOT / "fastapi_pt" / "app.py")],
+                          env={**env, "SERVELAB_DEVICE": "cpu"}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[(4, 4), (4, 4), (1, 1), (4, 2)]", proc.stdout
 
 
 def test_the_onnx_app_refuses_a_workers_count_that_is_not_a_number(built_models, monkeypatch):

@@ -21,7 +21,7 @@ spec.loader.exec_module(core_share)
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch):
     """The rule on a machine with no other work (the test machine may be busy)."""
-    monkeypatch.setattr(core_share.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    monkeypatch.setattr(core_share, "runnable_now", lambda: 1)
 
 
 def share(tmp_path, model="m", server=1, cores=2):
@@ -101,9 +101,12 @@ def test_each_batch_is_recorded_for_the_peers(tmp_path):
 
 def test_a_busy_machine_gets_one_thread(tmp_path, monkeypatch):
     mine = share(tmp_path)
-    monkeypatch.setattr(core_share.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    monkeypatch.setattr(core_share, "runnable_now", lambda: 7)
     with mine.threads() as n:
         assert n == 1   # other programs keep the cores busy: a 2-thread batch would wait on them
+    monkeypatch.setattr(core_share, "runnable_now", lambda: 6)
+    with mine.threads() as n:
+        assert n == 2
     mine.close()
 
 

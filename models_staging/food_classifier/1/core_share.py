@@ -35,6 +35,14 @@ TIMES = struct.Struct("3d")    # start, end, end of the batch before (time.monot
 MOSTLY_BUSY = 0.75             # busy for this much of its last cycle: a peer under steady load
 
 
+def runnable_now():
+    # Threads ready to run on the whole machine at this instant: the 4th field of /proc/loadavg,
+    # "running/total". (The load average itself trails the last minute: after a burst it stays
+    # high on a machine that is idle again, and would cost a lone request its cores.)
+    with open("/proc/loadavg") as f:
+        return int(f.read().split()[3].split("/")[0])
+
+
 def open_shared_file(path):
     """Open (or create) the file without following a link someone planted at its name, and use it
     only if it is a plain file of ours: /dev/shm is writable by every user."""
@@ -91,7 +99,7 @@ class CoreShare:
         try:
             busy = 1 + sum(self._busy(i, start) for i in range(SLOTS) if i != self.slot)
             n = max(1, self.cores // busy)
-            if os.getloadavg()[0] > 3 * self.cores:
+            if runnable_now() > 3 * self.cores:
                 n = 1    # other programs keep the cores busy: a many-thread batch would wait on them
             yield n
         finally:
