@@ -11,7 +11,11 @@ model's service time is the measured one:
    finds the queue full is rejected at once, HTTP 503, and the others keep a bounded wait);
 3. beside each bounded run, the predicted rejected share: M/M/1/K (the textbook closed form) and
    the same bounded queue with the measured, fixed service time (simulated); beside each
-   unbounded run, the backlog the queue should build ((rate - capacity) x duration).
+   unbounded run, the backlog the queue should build ((rate - capacity) x duration);
+4. two priority levels (``priority_levels: 2``): one request in ``HIGH_EVERY`` asks for level 1
+   (``"parameters": {"priority": 1}``), the rest take the default level 2; each level's queue is
+   bounded as above. Per level: served, rejected, p50/p99, beside the same queue simulated
+   (a free copy takes the oldest level-1 request first; servelab.bench.queueing.serve_priority).
 
 A prediction is judged (within ``REJECT_TOLERANCE`` of the measured share) only where the run
 expects at least ``MIN_REJECTS`` rejections: a share of a handful of requests is noise.
@@ -23,12 +27,16 @@ expects at least ``MIN_REJECTS`` rejections: a share of a handful of requests is
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import math
 import os
+import time
 from pathlib import Path
 
-from servelab.bench import load, queueing
+import numpy as np
+
+from servelab.bench import http, load, queueing, targets
 from servelab.bench.targets import triton_image_target
 
 MODEL = "food_classifier"
@@ -44,6 +52,39 @@ BOUNDED = ("max_batch_size: 1\n"
            "dynamic_batching {\n"
            f"  default_queue_policy {{ max_queue_size: {QUEUE_SIZE} timeout_action: REJECT }}\n"
            "}")
+HIGH_EVERY = 4           # one request in 4 asks for priority level 1
+PRIORITY = ("max_batch_size: 1\n"
+            "dynamic_batching {\n"
+            "  priority_levels: 2\n"
+            "  default_priority_level: 2\n"
+            f"  default_queue_policy {{ max_queue_size: {QUEUE_SIZE} timeout_action: REJECT }}\n"
+            "}")
+
+
+class PriorityMix(targets.TritonHTTPTarget):
+    """The model's image requests, request i at priority level 1 when i % ``every`` == 0 and at
+    level 2 otherwise; each call's level, latency and outcome land in ``calls``."""
+
+    def __init__(self, url: str, model: str = MODEL, every: int = HIGH_EVERY):
+        images = targets.default_images()
+        reqs = [targets.triton_infer_body(
+                    [("INPUT_IMAGE", "BYTES", [1, 1], [base64.b64encode(images[j % len(images)])])],
+                    ("FOOD_LABEL", "PROBABILITY"), parameters={"priority": 1 if j == 0 else 2})
+                for j in range(every)]
+        super().__init__(url, model, reqs, timeout=120.0, name=f"Triton {model}, priorities 1:{every - 1}")
+        self.every = every
+        self.calls: list[tuple[str, float, str | None]] = []
+
+    async def call(self, session, i: int) -> str | None:
+        level, kind, t = "high" if i % self.every == 0 else "low", "error", time.perf_counter()
+        try:
+            kind = await super().call(session, i)
+            return kind
+        except http.HTTPError as e:
+            kind = e.kind
+            raise
+        finally:
+            self.calls.append((level, time.perf_counter() - t, kind))
 
 
 def capacity(target, seconds: float, model: str = MODEL) -> dict:
@@ -68,6 +109,22 @@ def point(target, rate: float, seconds: float, seed: int = 0, model: str = MODEL
     pat = load.open_loop(rate, "poisson", duration=seconds, max_in_flight=n + 1, seed=seed, timeout=120.0)
     return load.run_checked(target, pat, lambda: [TritonObserver(target.url, model)], label=f"{rate:.1f}/s",
                             progress=False)
+
+
+def point_priority(url: str, rate: float, seconds: float, seed: int = 0, model: str = MODEL,
+                   attempts: int = 3) -> tuple[load.Result, PriorityMix]:
+    """``point`` with ``PriorityMix``'s requests; a fresh target per attempt, so that its
+    ``calls`` are the returned run's alone."""
+    from servelab.bench.triton import TritonObserver
+
+    n = max(1, round(rate * seconds))
+    pat = load.open_loop(rate, "poisson", duration=seconds, max_in_flight=n + 1, seed=seed, timeout=120.0)
+    for _ in range(attempts):
+        target = PriorityMix(url, model)
+        r = load.run(target, pat, [TritonObserver(url, model)], label=f"{rate:.1f}/s, priorities", progress=False)
+        if r.valid:
+            break
+    return r, target
 
 
 def compute_ms(r: load.Result) -> float:
@@ -114,10 +171,37 @@ def row(policy: str, factor: float, rate: float, seconds: float, r: load.Result,
     return out
 
 
+def priority_rows(factor: float, rate: float, r: load.Result, mix: PriorityMix, service_s: float) -> list[dict]:
+    """One row per level: its requests, served and rejected, latencies, and the same bounded
+    priority queue simulated with the measured service time."""
+    sim = queueing.simulate_priority(rate, service_s, QUEUE_SIZE, mix.every)
+    busy = busy_share(r)
+    rows = []
+    for level in ("high", "low"):
+        calls = [c for c in mix.calls if c[0] == level]
+        ok = [c[1] * 1000 for c in calls if c[2] is None]
+        rejected = sum(1 for c in calls if c[2] == REJECTED)
+        share = 1 / mix.every if level == "high" else 1 - 1 / mix.every
+        predicted = sim[level]
+        rows.append({
+            "policy": "priority", "level": level, "factor": factor, "rate": rate * share, "sent": len(calls),
+            "ok": len(ok), "rejected": rejected, "other_errors": len(calls) - len(ok) - rejected,
+            "reject_share": rejected / len(calls) if calls else math.nan,
+            "goodput": len(ok) / r.duration_s if r.duration_s else math.nan,
+            "p50_ms": float(np.percentile(ok, 50)) if ok else math.nan,
+            "p99_ms": float(np.percentile(ok, 99)) if ok else math.nan, "busy": busy,
+            "predicted_reject": predicted["reject"],
+            "predicted_p99_ms": float(np.percentile(predicted["latencies"], 99)) * 1000,
+            "judged": judge(rejected / len(calls) if calls else math.nan, predicted["reject"],
+                            predicted["reject"] * len(calls), busy, factor),
+            "verdict": r.verdict})
+    return rows
+
+
 def measure(url: str, grpc_url: str, admin_key: str | None, seconds: float = 20.0, factors=FACTORS,
-            capacity_s: float = 10.0, model: str = MODEL, log=print) -> dict:
-    """The whole run: capacity, then each factor without and with the queue bound; the model's
-    config is put back as it was at the end."""
+            capacity_s: float = 10.0, model: str = MODEL, log=print, priorities: bool = True) -> dict:
+    """The whole run: capacity, then each factor without and with the queue bound, then (with
+    ``priorities``) with two priority levels; the model's config is put back as it was at the end."""
     from servelab.triton import control
 
     def reload(edit):
@@ -140,12 +224,28 @@ def measure(url: str, grpc_url: str, admin_key: str | None, seconds: float = 20.
                 r = point(target, rate, seconds, model=model)
                 rows.append(row(policy, f, rate, seconds, r, cap["service_s"]))
                 log(line(rows[-1]))
+        if priorities:
+            reload(PRIORITY)
+            load.warm(target, requests=4)
+            for f in factors:
+                rate = f * cap["rate"]
+                r, mix = point_priority(url, rate, seconds, model=model)
+                rows += priority_rows(f, rate, r, mix, cap["service_s"])
+                log(line(rows[-2]))
+                log(line(rows[-1]))
     finally:
         reload(lambda _: original)
     return {"model": model, "queue_size": QUEUE_SIZE, "seconds": seconds, "capacity": cap, "rows": rows}
 
 
 def line(r: dict) -> str:
+    if r["policy"] == "priority":
+        return (f"priority {r['level']:>4} {r['factor']:.1f}x ({r['rate']:5.1f}/s of it): {r['ok']}/{r['sent']} served, "
+                f"goodput {r['goodput']:5.1f}/s, p50 {r['p50_ms']:7.0f} ms, p99 {r['p99_ms']:7.0f} ms "
+                f"(simulated {r['predicted_p99_ms']:.0f}), rejected {r['reject_share']:.1%} "
+                f"(simulated {r['predicted_reject']:.1%}: {r['judged']})"
+                + (f", other errors {r['other_errors']}" if r["other_errors"] else "")
+                + ("" if r["verdict"] == "valid" else f" [{r['verdict']}]"))
     s = (f"{r['policy']:>9} {r['factor']:.1f}x ({r['rate']:5.1f}/s): {r['ok']}/{r['sent']} served, "
          f"goodput {r['goodput']:5.1f}/s, busy {r['busy']:.0%}, queue {r['queue_ms']:6.0f} ms, "
          f"p99 {r['p99_ms']:7.0f} ms, max {r['max_ms']:7.0f} ms")

@@ -546,6 +546,57 @@ def simulate_bounded(rate: float, service_s: float, capacity: int, n: int = 2000
     return {"reject": rejected / n, "latencies": np.array(lat), "arrivals": arr}
 
 
+def simulate_priority(rate: float, service_s: float, queue_size: int, every: int, n: int = 20000,
+                      seed: int = 1) -> dict:
+    """Poisson arrivals at ``rate`` to one server with a fixed service time: every ``every``-th
+    arrival (the 1st, the ``every``+1-th, ...) has the high priority, the rest the low one.
+    Served as ``serve_priority`` says; returns its figures."""
+    from servelab.bench import schedule
+    if every < 2:
+        raise ValueError("every: at least 2 (one high-priority arrival in every `every`)")
+    arr = schedule.offsets(rate, n, "poisson", seed)
+    return serve_priority(arr, ["high" if i % every == 0 else "low" for i in range(n)], service_s, queue_size)
+
+
+def serve_priority(arrivals: Sequence[float], levels: Sequence[str], service_s: float, queue_size: int) -> dict:
+    """One server, a fixed service time, ``arrivals`` (s, in order) each of level "high" or "low".
+    A free server takes the oldest high-priority request waiting, else the oldest low one, and
+    finishes it (no preemption); each level keeps at most ``queue_size`` requests waiting (the one
+    in service not counted): an arrival that finds its own level's queue full is rejected.
+    Returns, per level, the rejected share and the served requests' latencies (s)."""
+    import numpy as np
+
+    waiting: dict[str, list[float]] = {"high": [], "low": []}   # arrival times, oldest first
+    heads = {"high": 0, "low": 0}                              # the first not yet started
+    out = {k: {"sent": 0, "rejected": 0, "latencies": []} for k in waiting}
+    free_at = 0.0
+
+    def start_until(now: float) -> None:
+        """Start the waiting requests the server reaches by ``now`` (every request waiting arrived
+        before the server's next free instant: each arrival runs this first)."""
+        nonlocal free_at
+        while free_at <= now:
+            k = next((k for k in ("high", "low") if heads[k] < len(waiting[k])), None)
+            if k is None:
+                return
+            t = waiting[k][heads[k]]
+            heads[k] += 1
+            free_at = max(free_at, t) + service_s
+            out[k]["latencies"].append(free_at - t)
+
+    for t, k in zip(arrivals, levels):
+        start_until(t)
+        out[k]["sent"] += 1
+        if len(waiting[k]) - heads[k] >= queue_size:
+            out[k]["rejected"] += 1
+            continue
+        waiting[k].append(t)
+        start_until(t)
+    start_until(math.inf)
+    return {k: {"reject": v["rejected"] / v["sent"] if v["sent"] else math.nan,
+                "latencies": np.array(v["latencies"])} for k, v in out.items()}
+
+
 def backlog_growth(rate: float, service_s: float, duration_s: float) -> dict[str, float]:
     """No bound past capacity: the queue grows by (rate - 1/service) every second, so the last
     request of a ``duration_s`` run waits about that backlog times the service time."""

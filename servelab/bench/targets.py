@@ -155,11 +155,13 @@ def serialize_bytes_tensor(items: Sequence[bytes]) -> bytes:
 
 
 def triton_infer_body(inputs: Sequence[tuple[str, str, Sequence[int], object]],
-                      outputs: Sequence[str] = (), binary: bool = True) -> tuple[bytes, dict[str, str]]:
+                      outputs: Sequence[str] = (), binary: bool = True,
+                      parameters: dict | None = None) -> tuple[bytes, dict[str, str]]:
     """Encode one v2 inference request.
 
     ``inputs``: ``(name, datatype, shape, data)`` where data is a numpy array
-    (numeric) or a list of bytes (BYTES). Returns ``(body, headers)``.
+    (numeric) or a list of bytes (BYTES). ``parameters``: the request's own
+    (e.g. ``{"priority": 1}``). Returns ``(body, headers)``.
     Each input is checked first (``servelab.core.triton_inputs.check_input``): a
     request Triton would answer with a 500 is never built.
     """
@@ -185,6 +187,8 @@ def triton_infer_body(inputs: Sequence[tuple[str, str, Sequence[int], object]],
                 entry["data"] = arr.ravel().tolist()
         head_inputs.append(entry)
     header: dict = {"inputs": head_inputs}
+    if parameters:
+        header["parameters"] = dict(parameters)
     if outputs:
         header["outputs"] = [{"name": o, "parameters": {"binary_data": binary}} for o in outputs]
     head = json.dumps(header, separators=(",", ":")).encode()

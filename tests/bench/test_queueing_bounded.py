@@ -1,8 +1,10 @@
 """The bounded-queue side of the queueing model (servelab.bench.queueing: mmck, simulate_bounded,
-backlog_growth) and how servelab.bench.overload judges a prediction against a run (issue 50)."""
+backlog_growth, simulate_priority, serve_priority) and how servelab.bench.overload judges a
+prediction against a run (issue 50)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from servelab.bench import overload, queueing
@@ -54,3 +56,48 @@ def test_judge():
     assert overload.judge(0.10, 0.01, 3, busy=0.99, factor=0.8).startswith("not judged (about 3")
     idle = overload.judge(0.70, 0.33, 100, busy=0.30, factor=1.5)
     assert idle.startswith("not judged") and "30%" in idle
+
+
+def test_serve_priority_by_hand():
+    """Service 1 s. A low request is in service when a second low and then a high one arrive: the
+    high one goes next. With room for one waiting request per level, a third low one is turned
+    away while the high level still has room."""
+    got = queueing.serve_priority([0.0, 0.1, 0.2], ["low", "low", "high"], 1.0, queue_size=5)
+    assert list(got["high"]["latencies"]) == pytest.approx([1.8])           # served 1-2
+    assert list(got["low"]["latencies"]) == pytest.approx([1.0, 2.9])        # 0-1, then 2-3
+    got = queueing.serve_priority([0.0, 0.1, 0.2, 0.3], ["low", "low", "low", "high"], 1.0, queue_size=1)
+    assert got["low"]["reject"] == pytest.approx(1 / 3) and got["high"]["reject"] == 0
+    assert list(got["high"]["latencies"]) == pytest.approx([1.7])
+
+
+def test_simulated_priorities_past_capacity():
+    """1.5x capacity, one request in four high: the server stays busy (served rate = capacity);
+    the high level (0.375x) is never turned away and waits about one service; the low level gets
+    what is left, 0.625 of 1.125: it loses about 44 %."""
+    service, n = 0.03, 40000
+    got = queueing.simulate_priority(1.5 / service, service, 8, every=4, n=n)
+    duration = n * service / 1.5
+    served = sum(len(v["latencies"]) for v in got.values())
+    assert served / duration == pytest.approx(1 / service, rel=0.02)
+    assert got["high"]["reject"] == 0
+    assert got["low"]["reject"] == pytest.approx(1 - 0.625 / 1.125, abs=0.02)
+    assert np.percentile(got["high"]["latencies"], 99) < 3 * service
+    assert np.percentile(got["low"]["latencies"], 50) > 5 * service
+    below = queueing.simulate_priority(0.5 / service, service, 8, every=4, n=n)
+    assert below["high"]["reject"] == below["low"]["reject"] == 0
+    with pytest.raises(ValueError):
+        queueing.simulate_priority(10.0, service, 8, every=1)
+
+
+def test_the_priority_mix_asks_level_1_for_one_request_in_every():
+    """What PriorityMix sends: request i carries "parameters": {"priority": 1} when i % every == 0,
+    2 otherwise (Triton's level 1 is served first), and the queue config declares both levels."""
+    import json
+
+    mix = overload.PriorityMix("127.0.0.1:9", every=4)
+    levels = []
+    for body, headers in mix.bodies:
+        head = json.loads(body[:int(headers["Inference-Header-Content-Length"])])
+        levels.append(head["parameters"]["priority"])
+    assert levels == [1, 2, 2, 2]
+    assert "priority_levels: 2" in overload.PRIORITY and "default_priority_level: 2" in overload.PRIORITY

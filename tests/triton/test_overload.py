@@ -1,7 +1,8 @@
 """Past capacity on the real tritonserver 2.51 (servelab.bench.overload, issue 50): without a queue
 bound every request is served and the queue grows (the last ones wait at least the compute the run
 asked for beyond its own length);
-with ``max_queue_size`` Triton turns requests away (HTTP 503) and says why; the model's config is
+with ``max_queue_size`` Triton turns requests away (HTTP 503) and says why; with two priority levels
+the low one is turned away first; the model's config is
 put back afterwards. Short runs: the figures themselves come from the benchmark
 (``python -m servelab.bench.overload``), not from here."""
 
@@ -30,7 +31,7 @@ def test_past_capacity_unbounded_then_bounded(one_model_triton):
     # made the capacity read half what the copy serves during the runs (a 1.5x run once got no rejection)
     run = overload.measure(s.url, s.grpc_url, s.admin_key, seconds=4.0, factors=(4.0,), capacity_s=3.0,
                            log=lines.append)
-    unbounded, bounded = run["rows"]
+    unbounded, bounded, high, low = run["rows"]
     assert (unbounded["policy"], bounded["policy"]) == ("unbounded", "bounded")
     assert unbounded["ok"] == unbounded["sent"] > 0 and not unbounded["errors"]
     # the queue grew, whatever the capacity read beforehand: one copy computes one request at a time, so
@@ -46,6 +47,13 @@ def test_past_capacity_unbounded_then_bounded(one_model_triton):
     assert bounded["rejected"] > 0 and bounded["other_errors"] == 0 and bounded["ok"] > 0, lines
     assert 0 < bounded["fixed_reject"] < 1 and 0 < bounded["mm1k_reject"] < 1
     assert any("rejected" in line for line in lines) and lines[0].startswith("capacity:")
+    # two priority levels, one request in four at level 1: the low level is turned away first, and the
+    # high level's requests that were served waited less (at 4x the high level alone is 1x capacity)
+    assert (high["level"], low["level"]) == ("high", "low") and high["sent"] > 0 and low["sent"] > 0
+    assert high["other_errors"] == low["other_errors"] == 0, (high, low)
+    assert low["reject_share"] > high["reject_share"], (high, low)
+    assert high["ok"] > 0 and (low["ok"] == 0 or high["p50_ms"] < low["p50_ms"]), (high, low)
+    assert 0 <= high["predicted_reject"] < low["predicted_reject"] < 1
     after = control.model_config(overload.MODEL, s.grpc_url)
     assert after["max_batch_size"] == before["max_batch_size"] == 16
     assert after.get("dynamic_batching") == before.get("dynamic_batching")
