@@ -11,7 +11,6 @@ import pytest
 from servelab.serve import threads
 from tests.forked import child_inside
 
-
 RUNNABLE_NOW = threads.runnable_now   # the real count, before quiet_machine replaces it
 
 
