@@ -38,3 +38,13 @@ def test_server_args_name_the_shipped_local_cache():
     folder = next(a.split("=", 1)[1] for a in args if a.startswith("--cache-directory="))
     assert (Path(folder) / "local" / "libtritoncache_local.so").is_file()
     assert any(a.startswith("--cache-config=local,size=") for a in args)
+
+
+def test_same_answers_allows_the_last_digits_of_a_recomputed_probability():
+    """A miss runs the model again, on 1 or on every core: its probability may differ in the last
+    digits (1.8e-6 measured between 1 and 2 threads), never its label, and never by 1e-3."""
+    base = [("Soup", 0.25), ("Rice", 0.5)]
+    assert response_cache.same_answers(base, [("Soup", 0.25 + 2e-6), ("Rice", 0.5 - 2e-6)])
+    assert not response_cache.same_answers(base, [("Soup", 0.25), ("Bread", 0.5)])
+    assert not response_cache.same_answers(base, [("Soup", 0.25 + 1e-3), ("Rice", 0.5)])
+    assert not response_cache.same_answers(base, base[:1])
