@@ -183,16 +183,17 @@ def priority_rows(factor: float, rate: float, r: load.Result, mix: PriorityMix, 
         rejected = sum(1 for c in calls if c[2] == REJECTED)
         share = 1 / mix.every if level == "high" else 1 - 1 / mix.every
         predicted = sim[level]
+        share_rejected = rejected / len(calls) if calls else math.nan
         rows.append({
             "policy": "priority", "level": level, "factor": factor, "rate": rate * share, "sent": len(calls),
             "ok": len(ok), "rejected": rejected, "other_errors": len(calls) - len(ok) - rejected,
-            "reject_share": rejected / len(calls) if calls else math.nan,
+            "reject_share": share_rejected,
             "goodput": len(ok) / r.duration_s if r.duration_s else math.nan,
             "p50_ms": float(np.percentile(ok, 50)) if ok else math.nan,
             "p99_ms": float(np.percentile(ok, 99)) if ok else math.nan, "busy": busy,
             "predicted_reject": predicted["reject"],
             "predicted_p99_ms": float(np.percentile(predicted["latencies"], 99)) * 1000,
-            "judged": judge(rejected / len(calls) if calls else math.nan, predicted["reject"],
+            "judged": judge(share_rejected, predicted["reject"],
                             predicted["reject"] * len(calls), busy, factor),
             "verdict": r.verdict})
     return rows
