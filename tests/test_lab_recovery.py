@@ -227,3 +227,28 @@ def test_the_jupyter_container_sees_the_lease_end_notebook_2_writes(stack):
     assert leaseclock.LEASE_END_FILE == "lease-end.txt"
     nb2 = (paths.REPO_ROOT / "notebooks" / "src" / "2_create_server_nvidia.md").read_text()
     assert "> ~/{KIT_DIR}/lease-end.txt" in nb2
+
+
+def test_triton_log_since_waits_for_a_line_that_comes_late(tmp_path):
+    """The Python backend queues a model's own log lines: the line may come after the model is READY."""
+    log = tmp_path / "triton.log"
+    log.write_text("I0 old line about m_0_0\n")
+    mark = (str(log), log.stat().st_size)
+    late = "I1 m_0_0: onnxruntime runner, sessions with [1] thread(s)\n"
+
+    def append():
+        with log.open("a") as f:
+            f.write(late)
+
+    writer = threading.Timer(0.5, append)
+    writer.start()
+    try:
+        assert lab.triton_log_since(mark, "m_0_0") == "(Triton logged nothing about m_0_0)"  # not yet
+        t0 = time.monotonic()
+        assert lab.triton_log_since(mark, "m_0_0", wait_for="onnxruntime") == late.strip()
+        assert time.monotonic() - t0 < 5
+    finally:
+        writer.join()
+    t0 = time.monotonic()  # a line that never comes: what there is, after the timeout
+    assert lab.triton_log_since(mark, "m_0_0", wait_for="openvino", timeout=0.3) == late.strip()
+    assert 0.3 <= time.monotonic() - t0 < 3

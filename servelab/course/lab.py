@@ -256,16 +256,28 @@ def triton_log_mark(grpc_url: str) -> tuple[str, int] | None:
     return str(log), log.stat().st_size if log.exists() else 0
 
 
-def triton_log_since(mark: tuple[str, int] | None, model: str, container: str = "triton_server") -> str:
+def triton_log_since(mark: tuple[str, int] | None, model: str, container: str = "triton_server",
+                     wait_for: str | None = None, timeout: float = 10.0) -> str:
     """Triton's log lines about ``model`` (and its errors) written since ``mark``; where
     the log is not readable from here, the command that shows them on the node (Triton's
-    ``container`` there)."""
+    ``container`` there).
+
+    A Python-backend model's own lines (``pb_utils.Logger``) reach Triton's log through a
+    queue, a moment after the model is READY: ``wait_for`` waits up to ``timeout`` seconds
+    for a line holding that text (and returns what there is when none comes)."""
     if mark is None:
         return (f"Triton's log is in its own container: on node-serve-system, "
                 f"docker logs {container} 2>&1 | grep {model}")
+    import time
+
     from servelab.triton.control import log_since
 
-    return log_since(mark[0], mark[1], model) or f"(Triton logged nothing about {model})"
+    deadline = time.monotonic() + timeout
+    lines = log_since(mark[0], mark[1], model)
+    while wait_for is not None and wait_for not in lines and time.monotonic() < deadline:
+        time.sleep(0.1)
+        lines = log_since(mark[0], mark[1], model)
+    return lines or f"(Triton logged nothing about {model})"
 
 
 def remove_model(model: str, repository, grpc_url: str, admin_key: str | None = None) -> None:

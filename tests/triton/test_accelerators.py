@@ -133,12 +133,15 @@ def ov_triton(start_triton, tmp_path_factory, artifacts):
 
 
 def test_triton_serves_openvino_and_its_log_names_it(ov_triton, reference):
-    log = ov_triton.log_path.read_text()
+    start = (str(ov_triton.log_path), 0)  # the runner's own lines reach the log a moment after READY
+    log = lab.triton_log_since(start, OV_MODEL, wait_for=f"{OV_MODEL}: cpu_execution_accelerator openvino (OpenVINO ")
     line = next((x for x in log.splitlines() if f"{OV_MODEL}: cpu_execution_accelerator openvino (OpenVINO " in x),
                 None)
     assert line is not None, ov_triton.log_tail()
     assert f"OpenVINO {acc.openvino_version()})" in line
-    assert "food_classifier_onnx_0_0: onnxruntime" in log  # the default model still runs ONNX Runtime
+    # the default model still runs ONNX Runtime
+    assert "food_classifier_onnx_0_0: onnxruntime" in lab.triton_log_since(start, "food_classifier_onnx_0_0",
+                                                                          wait_for="onnxruntime")
     batch = np.concatenate([reference["inputs"], np.random.default_rng(1).standard_normal(
         (4, 3, 224, 224)).astype(np.float32)])
     np.testing.assert_allclose(logits(ov_triton, OV_MODEL, batch), logits(ov_triton, "food_classifier_onnx", batch),

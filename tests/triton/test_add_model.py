@@ -51,7 +51,7 @@ def test_a_folder_built_by_hand_loads_answers_and_leaves(onnx_triton, reference)
     assert reported["backend"] == "python" and "servelab_runner" in reported["parameters"]
     assert [g["kind"] for g in reported["instance_group"]] in (["KIND_CPU"], ["KIND_GPU"])
     assert lab.models_in_repository(t.grpc_url) == {"food_classifier_onnx": "READY", MINE: "READY"}
-    log = lab.triton_log_since(mark, MINE)
+    log = lab.triton_log_since(mark, MINE, wait_for="onnxruntime")  # the runner's line comes a moment later
     assert f"successfully loaded '{MINE}'" in log and "onnxruntime" in log
     assert all(MINE in line for line in log.splitlines()), log  # this load's lines, no others
     # the same file answers as the kit's model does
