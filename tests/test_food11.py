@@ -430,3 +430,48 @@ def test_progressive_jpeg_missing_its_last_scans_is_truncated(sample_paths):
         with pytest.raises(food11.TruncatedImageError, match="coefficients"):
             food11.check_image_header(data[:cut] + b"\xff\xd9")
     assert food11.load_image(data).size == (1024, 768)
+
+
+_ONE_DECODE = r"""
+import io, sys, threading, time
+import psutil
+from PIL import Image
+from servelab.core import food11
+pixels = 2_000_000
+side = int(pixels ** 0.5)
+buf = io.BytesIO()
+Image.new("I;16", (side, side), 1000).save(buf, "PNG")   # the costliest upload per pixel
+data = buf.getvalue()
+food11.preprocess(data, max_pixels=pixels)                # first-call allocations are not the point
+import ctypes; ctypes.CDLL("libc.so.6").malloc_trim(0)       # start from a trimmed heap
+me = psutil.Process()
+base = peak = me.memory_info().rss
+done = threading.Event()
+def sample():
+    global peak
+    while not done.is_set():
+        peak = max(peak, me.memory_info().rss)
+        time.sleep(0.0005)
+watcher = threading.Thread(target=sample)
+watcher.start()
+for _ in range(3):
+    food11.preprocess(data, max_pixels=pixels)
+done.set()
+watcher.join()
+print((peak - base) / pixels, (me.memory_info().rss - base) / pixels)
+"""
+
+
+def test_a_worst_case_decode_holds_one_full_size_copy_besides_its_result():
+    """A 16-bit PNG decodes to 2 B/pixel, its 32-bit copy 4, grey 1, RGB 4: holding the 32-bit copy
+    into the RGB result, or copying the image for an EXIF orientation it does not have, costs
+    16 B/pixel; the kit holds ~10. Memory freed after the decode goes back (glibc would keep it)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _ONE_DECODE], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "MALLOC_ARENA_MAX": "2"})
+    assert out.returncode == 0, out.stderr
+    peak, after = map(float, out.stdout.split())
+    assert peak <= 12, f"one 2 MP 16-bit decode held {peak:.1f} B per pixel at its peak"
+    assert after <= 1, f"{after:.1f} B per pixel stayed after the decodes"
