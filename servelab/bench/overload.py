@@ -9,9 +9,15 @@ model's service time is the measured one:
 2. Poisson arrivals at 0.8x, 1.2x and 1.5x that capacity, first with Triton's default (no bound:
    the queue grows as long as the overload lasts), then with ``max_queue_size`` (a request that
    finds the queue full is rejected at once, HTTP 503, and the others keep a bounded wait);
-3. beside each bounded run, the predicted rejected share: M/M/1/K (the textbook closed form) and
-   the same bounded queue with the measured, fixed service time (simulated); beside each
-   unbounded run, the backlog the queue should build ((rate - capacity) x duration);
+3. beside each bounded run, the predicted rejected share: M/M/1/K (the textbook closed form),
+   the same bounded queue with the measured, fixed service time (simulated), and that queue
+   with Triton's missed hand-overs (servelab.bench.queueing.simulate_missed_wakes: with a queue
+   policy Triton's batcher can miss the moment the copy is free, and a full queue does not wake
+   it, so the copy idles up to its 500 ms timer). How often it misses is measured first, in a
+   run of its own: constant arrivals at ``CALIBRATE_FACTOR`` x capacity keep the queue full, and
+   the goodput gives the share missed (queueing.miss_share). The rejected share is judged
+   against this last model. Beside each unbounded run, the backlog the queue should build
+   ((rate - capacity) x duration);
 4. two priority levels (``priority_levels: 2``): one request in ``HIGH_EVERY`` asks for level 1
    (``"parameters": {"priority": 1}``), the rest take the default level 2; each level's queue is
    bounded as above. Per level: served, rejected, p50/p99, beside the same queue simulated
@@ -45,6 +51,7 @@ QUEUE_SIZE = 8           # max_queue_size: requests waiting; one more is in exec
 REJECT_TOLERANCE = 0.20  # a prediction within 20 % of the measured rejected share
 MIN_REJECTS = 20         # fewer expected rejections than this: not judged
 IDLE_LIMIT = 0.85        # past capacity, a copy busy less than this share of the run was left idle
+CALIBRATE_FACTOR = 2.0   # the missed hand-overs' run: constant arrivals at twice the capacity
 REJECTED = "HTTP 503"    # how the load generator names Triton's "Exceeds maximum queue size"
 
 ONE_AT_A_TIME = "max_batch_size: 1\ndynamic_batching { }"
@@ -139,17 +146,33 @@ def busy_share(r: load.Result) -> float:
     return requests * compute_ms(r) / 1000.0 / r.duration_s if r.duration_s else math.nan
 
 
-def judge(measured: float, predicted: float, expected_rejects: float, busy: float, factor: float) -> str:
+def missed_handovers(target, rate: float, seconds: float, service_s: float) -> dict:
+    """The bounded queue kept full by constant arrivals at ``rate`` (far past capacity): the
+    goodput, and the share of hand-overs Triton's batcher missed that it implies."""
+    n = max(1, round(rate * seconds))
+    pat = load.open_loop(rate, "constant", duration=seconds, max_in_flight=n + 1, timeout=120.0)
+    r = load.run_checked(target, pat, label=f"{rate:.1f}/s, constant", progress=False)
+    return {"rate": rate, "goodput": r.throughput, "sent": r.sent, "ok": r.ok,
+            "rejected": r.errors.get(REJECTED, 0), "miss": queueing.miss_share(r.throughput, service_s),
+            "valid": r.valid}
+
+
+def judge(measured: float, predicted: float, expected_rejects: float, busy: float, factor: float,
+          idle_in_model: bool = False) -> str:
+    """Within or outside ``REJECT_TOLERANCE``, or why not judged. ``idle_in_model``: the
+    prediction already holds the copy's idle spells (the missed hand-overs)."""
     if expected_rejects < MIN_REJECTS:
         return f"not judged (about {expected_rejects:.0f} rejections expected, fewer than {MIN_REJECTS})"
-    if factor > 1 and busy < IDLE_LIMIT:
+    if factor > 1 and busy < IDLE_LIMIT and not idle_in_model:
         return (f"not judged: requests were turned away while the copy computed only {busy:.0%} of the run; "
-                "the model assumes a server that is never idle with requests waiting, and this one was")
+                "the model assumes a server that is never idle with requests waiting, and this one was "
+                "(Triton's missed hand-overs: the bounded rows)")
     gap = measured / predicted - 1 if predicted else math.inf
     return ("within" if abs(gap) <= REJECT_TOLERANCE else "outside") + f" ({gap:+.0%})"
 
 
-def row(policy: str, factor: float, rate: float, seconds: float, r: load.Result, service_s: float) -> dict:
+def row(policy: str, factor: float, rate: float, seconds: float, r: load.Result, service_s: float,
+        miss: float = 0.0) -> dict:
     rejected = r.errors.get(REJECTED, 0)
     other = r.error_count - rejected
     out = {"policy": policy, "factor": factor, "rate": rate, "sent": r.sent, "ok": r.ok,
@@ -164,8 +187,12 @@ def row(policy: str, factor: float, rate: float, seconds: float, r: load.Result,
         k = QUEUE_SIZE + 1
         mm = queueing.mmck(1, rate, service_s, k)
         sim = queueing.simulate_bounded(rate, service_s, k)
-        out.update(mm1k_reject=mm["reject"], fixed_reject=sim["reject"],
-                   judged=judge(out["reject_share"], sim["reject"], sim["reject"] * r.sent, out["busy"], factor))
+        missed = queueing.simulate_missed_wakes(rate, service_s, QUEUE_SIZE, miss)
+        out.update(mm1k_reject=mm["reject"], fixed_reject=sim["reject"], miss=miss,
+                   missed_reject=missed["reject"], missed_busy=missed["busy"],
+                   missed_p99_ms=float(np.percentile(missed["latencies"], 99)) * 1000,
+                   judged=judge(out["reject_share"], missed["reject"], missed["reject"] * r.sent, out["busy"],
+                                factor, idle_in_model=True))
     else:
         out.update(backlog=queueing.backlog_growth(rate, service_s, seconds))
     return out
@@ -200,7 +227,8 @@ def priority_rows(factor: float, rate: float, r: load.Result, mix: PriorityMix, 
 
 
 def measure(url: str, grpc_url: str, admin_key: str | None, seconds: float = 20.0, factors=FACTORS,
-            capacity_s: float = 10.0, model: str = MODEL, log=print, priorities: bool = True) -> dict:
+            capacity_s: float = 10.0, model: str = MODEL, log=print, priorities: bool = True,
+            calibrate_s: float = 10.0) -> dict:
     """The whole run: capacity, then each factor without and with the queue bound, then (with
     ``priorities``) with two priority levels; the model's config is put back as it was at the end."""
     from servelab.triton import control
@@ -216,14 +244,18 @@ def measure(url: str, grpc_url: str, admin_key: str | None, seconds: float = 20.
         f"statistics; 2 closed-loop clients got {cap['closed_loop_rate']:.1f}/s, the copy busy {cap['busy']:.0%}"
         + ("" if cap["valid"] else ", inconclusive: the machine was busy") + ")")
     rows = []
+    missed = None
     try:
         for policy, edit in (("unbounded", ONE_AT_A_TIME), ("bounded", BOUNDED)):
             reload(edit)
             load.warm(target, requests=4)
+            if policy == "bounded":
+                missed = missed_handovers(target, CALIBRATE_FACTOR * cap["rate"], calibrate_s, cap["service_s"])
+                log(missed_line(missed, cap))
             for f in factors:
                 rate = f * cap["rate"]
                 r = point(target, rate, seconds, model=model)
-                rows.append(row(policy, f, rate, seconds, r, cap["service_s"]))
+                rows.append(row(policy, f, rate, seconds, r, cap["service_s"], missed["miss"] if missed else 0.0))
                 log(line(rows[-1]))
         if priorities:
             reload(PRIORITY)
@@ -236,7 +268,15 @@ def measure(url: str, grpc_url: str, admin_key: str | None, seconds: float = 20.
                 log(line(rows[-1]))
     finally:
         reload(lambda _: original)
-    return {"model": model, "queue_size": QUEUE_SIZE, "seconds": seconds, "capacity": cap, "rows": rows}
+    return {"model": model, "queue_size": QUEUE_SIZE, "seconds": seconds, "capacity": cap,
+            "missed_handovers": missed, "rows": rows}
+
+
+def missed_line(m: dict, cap: dict) -> str:
+    return (f"missed hand-overs: bounded queue, constant arrivals at {m['rate']:.1f}/s kept it full: the copy served "
+            f"{m['goodput']:.1f}/s of its capacity {cap['rate']:.1f}/s, so Triton's batcher missed {m['miss']:.0%} of "
+            f"its hand-overs (each one idles the copy to the batcher's {queueing.BATCHER_TIMER_S * 1000:.0f} ms timer)"
+            + ("" if m["valid"] else " [inconclusive: the machine was busy]"))
 
 
 def line(r: dict) -> str:
@@ -252,7 +292,8 @@ def line(r: dict) -> str:
          f"p99 {r['p99_ms']:7.0f} ms, max {r['max_ms']:7.0f} ms")
     if r["policy"] == "bounded":
         s += (f", rejected {r['reject_share']:.1%} (M/M/1/K {r['mm1k_reject']:.1%}, fixed service "
-              f"{r['fixed_reject']:.1%}: {r['judged']})")
+              f"{r['fixed_reject']:.1%}, with {r['miss']:.0%} missed hand-overs {r['missed_reject']:.1%} "
+              f"(busy {r['missed_busy']:.0%}): {r['judged']})")
     else:
         s += f", backlog predicted {r['backlog']['backlog']:.0f} (last wait {r['backlog']['last_wait_s']:.1f} s)"
     if r["other_errors"]:
@@ -267,6 +308,8 @@ def main(argv=None) -> int:
     p.add_argument("--admin-key", default=os.environ.get("TRITON_ADMIN_KEY"))
     p.add_argument("--seconds", type=float, default=20.0, help="each Poisson run's length")
     p.add_argument("--factors", nargs="+", type=float, default=list(FACTORS))
+    p.add_argument("--calibrate-seconds", type=float, default=10.0,
+                   help="the missed hand-overs' run (constant arrivals, the queue kept full)")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     server = None
@@ -281,7 +324,7 @@ def main(argv=None) -> int:
     elif not a.grpc_url:
         p.error("--url needs --grpc-url (the reloads go over gRPC)")
     try:
-        run = measure(a.url, a.grpc_url, a.admin_key, a.seconds, a.factors)
+        run = measure(a.url, a.grpc_url, a.admin_key, a.seconds, a.factors, calibrate_s=a.calibrate_seconds)
     finally:
         if server is not None:
             server.stop()

@@ -57,6 +57,7 @@ number of closed-loop clients, ``k`` the number of model instances.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
@@ -544,6 +545,83 @@ def simulate_bounded(rate: float, service_s: float, capacity: int, n: int = 2000
         ends.append(free)
         lat.append(free - t)
     return {"reject": rejected / n, "latencies": np.array(lat), "arrivals": arr}
+
+
+# Triton 2.51's dynamic batcher with a queue policy (read in triton-inference-server/core, branch
+# r24.10): any default_queue_policy bound, timeout or priority level turns its prefetching off
+# (src/scheduler_utils.cc, PriorityQueue's constructor), so the batcher hands a request over only
+# when the copy is waiting for one (src/rate_limiter.cc, PayloadSlotAvailable). When the copy
+# finishes, the executed payload's callback wakes the batcher (src/payload.cc, Execute), but that
+# can come before the copy waits again; then the batcher sleeps on. An arrival wakes it only if
+# it enters the queue: a full queue rejects it before the wake (src/dynamic_batch_scheduler.cc,
+# Enqueue). Left alone, the batcher looks again every 500 ms (WaitForPayloadSlotAvailable).
+BATCHER_TIMER_S = 0.5
+
+
+def simulate_missed_wakes(rate: float, service_s: float, queue_size: int, miss: float,
+                          timer_s: float = BATCHER_TIMER_S, n: int = 20000, seed: int = 1) -> dict:
+    """One copy, a fixed service time, at most ``queue_size`` requests waiting (the one in service
+    not counted), Poisson arrivals, and the wake-up rule above: when the copy finishes with requests
+    waiting, the next one starts at once, except with probability ``miss``; then the copy idles
+    until an arrival enters the queue (an arrival to a full queue is rejected and wakes nothing),
+    or until the batcher's timer, every ``timer_s`` from the last hand-over. ``miss=0`` is
+    :func:`simulate_bounded` with ``capacity=queue_size + 1``. Returns the rejected share, the
+    served requests' latencies (s) and the copy's busy share."""
+    import numpy as np
+
+    from servelab.bench import schedule
+    if not 0 <= miss <= 1:
+        raise ValueError(f"miss is a probability, got {miss}")
+    coin = np.random.default_rng(seed + 1).random(n)
+    arr = schedule.offsets(rate, n, "poisson", seed)
+    waiting: deque = deque()
+    lat: list[float] = []
+    rejected, busy_s, handed = 0, 0.0, 0
+    done = stall = math.inf      # the copy's completion; the end of an idle spell with requests waiting
+    last = 0.0                   # the last hand-over: the batcher's timer counts from it
+
+    def hand_over(t):
+        nonlocal done, stall, last, busy_s
+        lat.append(t + service_s - waiting.popleft())
+        done, stall, last = t + service_s, math.inf, t
+        busy_s += service_s
+
+    i = 0
+    while i < n or done < math.inf or stall < math.inf:
+        t = min(arr[i] if i < n else math.inf, done, stall)
+        if t == done:
+            done = math.inf
+            if waiting:
+                handed += 1
+                if coin[handed % n] < miss:   # the wake came too early: the batcher sleeps on
+                    stall = last + (math.floor((t - last) / timer_s) + 1) * timer_s
+                else:
+                    hand_over(t)
+        elif t == stall:
+            hand_over(t)
+        else:
+            i += 1
+            if len(waiting) >= queue_size:
+                rejected += 1
+                continue
+            waiting.append(t)
+            if done == math.inf:              # idle: the accepted arrival wakes the batcher
+                hand_over(t)
+    end = max(arr[-1], last + service_s) if n else 0.0
+    return {"reject": rejected / n if n else 0.0, "latencies": np.array(lat),
+            "busy": busy_s / end if end else 0.0}
+
+
+def miss_share(goodput: float, service_s: float, timer_s: float = BATCHER_TIMER_S) -> float:
+    """The share of hand-overs the batcher missed, from a run that kept the queue full (arrivals
+    far past capacity, so that no arrival ever ended an idle spell): each completion costs
+    ``service_s``, and a missed one also the rest of the timer's period, ``timer_s - service_s``
+    (for ``service_s < timer_s``). ``goodput``: requests served per second in that run."""
+    if goodput <= 0:
+        raise ValueError("goodput must be > 0")
+    if not 0 < service_s < timer_s:
+        raise ValueError(f"service time {service_s} s: between 0 and the timer's {timer_s} s")
+    return min(1.0, max(0.0, (1 / goodput - service_s) / (timer_s - service_s)))
 
 
 def simulate_priority(rate: float, service_s: float, queue_size: int, every: int, n: int = 20000,

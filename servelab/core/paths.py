@@ -23,6 +23,7 @@ RESULTS_DIR = REPO_ROOT / "results"
 NODE_REFERENCE_DIR = REPO_ROOT / "docs" / "reference-node"
 MODELS_STAGING = REPO_ROOT / "models_staging"
 MODELS_STREAMING = REPO_ROOT / "models_streaming"   # the token-streaming lesson's two models (notebook 6f)
+MODELS_BLS = REPO_ROOT / "models_bls"               # the BLS cascade, loaded by its lesson (notebook 6a)
 INPUT_JSON = REPO_ROOT / "input.json"
 
 # Where each lesson folder expects the model artifacts.

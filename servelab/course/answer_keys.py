@@ -211,6 +211,9 @@ PRINTED = {
                                   r"\bwith +model_warmup: first request +([\d.]+) ms"),
     "rollout_ok": Printed("6a_triton_pipeline", "rollouts.rollout(", r"(\d+) answered, 0 failed at"),
     "rollout_rate": Printed("6a_triton_pipeline", "rollouts.rollout(", r"answered, 0 failed at ([\d.]+) requests/s"),
+    "bls_c1_p50_ms": Printed("6a_triton_pipeline", "cascade_bench.measure(", r"measured: p50 ([\d.]+) ms \(cascade"),
+    "bls_c1_p50_ensemble_ms": Printed("6a_triton_pipeline", "cascade_bench.measure(", r"vs ([\d.]+) ms \(ensemble\)"),
+    "bls_c1_escalated_pct": Printed("6a_triton_pipeline", "cascade_bench.measure(", r"\(cascade, (\d+)% escalated\)"),
 }
 # figures derived from them: name -> (formula over PRINTED names, decimals)
 DERIVED_FROM_REFERENCE = {"kit_py_b16_gain": ("kit_py_b16_ips / kit_py_c1_ips", 2)}
@@ -385,6 +388,11 @@ _FIGURES += [
     _fig("warm_first_with_ms", _REFERENCE["warm_first_with_ms"], "ms", "first request after a load, with model_warmup (median over loads)", "kit-cpu-pipeline"),
     _fig("rollout_ok", _REFERENCE["rollout_ok"], "requests", "rollout: answered (0 failed)", "kit-cpu-pipeline"),
     _fig("rollout_rate", _REFERENCE["rollout_rate"], "req/s", "rollout: Poisson rate", "kit-cpu-pipeline"),
+    _fig("bls_c1_p50_ms", _REFERENCE["bls_c1_p50_ms"], "ms", "BLS cascade, 1 client: p50", "kit-cpu-pipeline"),
+    _fig("bls_c1_p50_ensemble_ms", _REFERENCE["bls_c1_p50_ensemble_ms"], "ms", "ensemble beside it, 1 client: p50",
+         "kit-cpu-pipeline"),
+    _fig("bls_c1_escalated_pct", _REFERENCE["bls_c1_escalated_pct"], "%", "BLS cascade, 1 client: share escalated",
+         "kit-cpu-pipeline"),
 ]
 
 _FIGURES += [
@@ -462,6 +470,8 @@ KEYS += [
     Key("6a_triton_pipeline", "warm-up and rollout",
         ("warm_first_without_ms", "warm_steady_without_ms", "warm_first_with_ms", "rollout_ok", "rollout_rate"),
         settings=(1, 2, 0)),
+    Key("6a_triton_pipeline", "the cascade", ("bls_c1_p50_ms", "bls_c1_p50_ensemble_ms", "bls_c1_escalated_pct"),
+        settings=(0.2,)),
     Key("6b_model_analyzer", "what the model predicts", ("h100_b1_ms", "h100_b16_ms"), settings=(2, 16, 1)),
     Key("6b_model_analyzer", "agreement", ("ma_spike_default_ips",), settings=(3, 32, 0, 1, 2, 1.5)),
 ]

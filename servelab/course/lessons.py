@@ -142,11 +142,13 @@ _LESSONS = (
     Lesson("6", "6_triton", "container",
            "perf_analyzer, instance groups, ONNX backend, dynamic batching, queueing model", local=True,
            minutes=45, source="computed: " + _CORE + "about 10 minutes of measuring from its settings, and reading"),
-    Lesson("6a", "6a_triton_pipeline", "container", "preprocessing on the server (ensemble), warm-up in the config, model versions", local=True,
-           session="ext-pipeline", minutes=25,
+    Lesson("6a", "6a_triton_pipeline", "container",
+           "preprocessing on the server (ensemble), warm-up in the config, model versions, BLS", local=True,
+           session="ext-pipeline", minutes=30,
            source="computed from its settings: 9 closed-loop runs of 200 requests (at 50 requests/s or more on "
                   "the node: estimate), a Poisson sweep of 9 x 10 s, 5 warm-up rounds of two reloads (5 s each: "
-                  "estimate) and a 30 s rollout, about 4 minutes of measuring; the rest is reading (estimate)"),
+                  "estimate), a 30 s rollout and 8 closed-loop runs of 60 requests for the BLS cascade (at 10 "
+                  "requests/s or more: 1 minute), about 5 minutes of measuring; the rest is reading (estimate)"),
     Lesson("6b", "6b_model_analyzer", "container",
            "Model Analyzer searches the configurations; the queueing model ranks them too, side by side", local=True,
            session="ext-pipeline", minutes=25,

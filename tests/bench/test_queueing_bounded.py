@@ -101,3 +101,48 @@ def test_the_priority_mix_asks_level_1_for_one_request_in_every():
         levels.append(head["parameters"]["priority"])
     assert levels == [1, 2, 2, 2]
     assert "priority_levels: 2" in overload.PRIORITY and "default_priority_level: 2" in overload.PRIORITY
+
+
+# --------------------------------------------------------------------------
+# Triton's missed hand-overs (queueing.simulate_missed_wakes, queueing.miss_share)
+
+
+def test_no_missed_hand_over_is_the_plain_bounded_queue():
+    service = 0.04
+    for rho in (0.8, 1.5):
+        plain = queueing.simulate_bounded(rho / service, service, 9)
+        missed = queueing.simulate_missed_wakes(rho / service, service, 8, miss=0.0)
+        assert missed["reject"] == plain["reject"]
+        np.testing.assert_allclose(missed["latencies"], plain["latencies"])
+
+
+def test_every_hand_over_missed_with_a_full_queue_serves_one_request_per_timer():
+    service, rate = 0.04, 75.0                              # 3x capacity: the queue is always full
+    sim = queueing.simulate_missed_wakes(rate, service, 8, miss=1.0, n=80000)  # edges: ~17 of 2,100 served
+    served_per_s = (1 - sim["reject"]) * rate
+    assert served_per_s == pytest.approx(1 / queueing.BATCHER_TIMER_S, rel=0.05)
+    assert sim["busy"] == pytest.approx(service / queueing.BATCHER_TIMER_S, rel=0.05)
+
+
+def test_missed_hand_overs_turn_away_more_and_idle_the_copy():
+    service = 0.04
+    shares = [queueing.simulate_missed_wakes(0.8 / service, service, 8, miss=m) for m in (0.0, 0.2, 0.5)]
+    assert shares[0]["reject"] < shares[1]["reject"] < shares[2]["reject"]
+    assert shares[0]["busy"] > shares[1]["busy"] > shares[2]["busy"]
+    with pytest.raises(ValueError, match="probability"):
+        queueing.simulate_missed_wakes(10.0, service, 8, miss=1.5)
+
+
+@pytest.mark.parametrize("miss", [0.0, 0.1, 0.3, 1.0])
+def test_miss_share_reads_the_full_queues_goodput(miss):
+    service = 0.0415
+    goodput = 1 / (service + miss * (queueing.BATCHER_TIMER_S - service))
+    assert queueing.miss_share(goodput, service) == pytest.approx(miss, abs=1e-12)
+    # and the simulation, fed that share at constant arrivals far past capacity, serves that goodput
+    sim = queueing.simulate_missed_wakes(3 / service, service, 8, miss=miss, n=80000)
+    assert (1 - sim["reject"]) * 3 / service == pytest.approx(goodput, rel=0.06)
+
+
+def test_judge_with_the_idle_spells_in_the_model():
+    assert overload.judge(0.70, 0.66, 100, busy=0.30, factor=1.5, idle_in_model=True).startswith("within")
+    assert overload.judge(0.70, 0.40, 100, busy=0.30, factor=1.5, idle_in_model=True).startswith("outside")

@@ -44,7 +44,7 @@ def test_6a_triton_pipeline_runs_against_a_local_triton(tmp_path, jupyter_sdk_im
     assert len(list((tmp_path / "results").glob("6a_triton_pipeline-*.zip"))) == 1 and "figures.json: 4 measurement(s)" in text
     (tmp_path / "6a.txt").write_text(text)  # the executed notebook's text, for a failed assertion below
     passed = _no_failed_check(text)
-    assert len(passed) == 8, passed
+    assert len(passed) == 10, passed
     # the ensemble answered the photo, and refused a non-image with its own 400
     assert re.search(r"the photo: \('[^']+', 0\.\d+\)", text)
     assert "not a photo: HTTP 400: in ensemble 'food_pipeline', not_an_image: " in text
@@ -56,6 +56,15 @@ def test_6a_triton_pipeline_runs_against_a_local_triton(tmp_path, jupyter_sdk_im
     assert re.search(r"without model_warmup: first request +[0-9.]+ ms", text)
     assert "asked for version 2     : answered by version 2" in text
     assert re.search(r"\d+ answered, 0 failed at", text)
+    # BLS (issue 50): the cascade loaded from models_bls/, its answers beside the ensemble's, a non-image refused
+    # by the food_preprocess it calls, its cost beside the others, then taken out again
+    assert re.search(r"^models in the repository: \{'food_cascade': 'READY'", text, re.M)
+    assert len(re.findall(r" via onnx(\+pytorch)? +ensemble ", text)) == 6
+    assert "not a photo: HTTP 400: food_preprocess: not_an_image" in text
+    for c in (1, 8):
+        assert re.search(rf"food_cascade @ {c}: p50 +[0-9.]+ ms, .* escalated \d+%", text)
+    assert "food_cascade" not in text.rsplit("models in the repository:", 1)[1].split("\n", 1)[0]
+    assert not (REPO_ROOT / "models_staging" / "food_cascade").exists()
     # the lab's files are as they were, and Triton serves version 1 again
     assert {p: p.read_text() for p in (REPO_ROOT / "models_staging").glob("*/config.pbtxt")} == staged
     assert [int(v) for v in final["version_policy"]["specific"]["versions"]] == [1]

@@ -30,6 +30,15 @@ def all_configs():
     return sorted(STAGING.glob("*/config.pbtxt"))
 
 
+def test_the_bls_cascade_stands_apart_and_parses_with_tritons_schema():
+    """models_bls/food_cascade is loaded by its lesson beside the lab's models, never with them."""
+    cfg = triton.load_config(paths.MODELS_BLS / "food_cascade")
+    assert cfg.name == "food_cascade" and cfg.backend == "python" and cfg.max_batch_size == 16
+    assert [(g.count, g.kind) for g in cfg.instance_group] == [(1, pb.ModelInstanceGroup.KIND_CPU)]
+    assert float(cfg.parameters["threshold"].string_value) == 0.5
+    assert not (STAGING / "food_cascade").exists()
+
+
 def test_every_config_parses_with_tritons_schema():
     configs = all_configs()
     assert {c.parent.name for c in configs} == {"food_classifier", "food_classifier_onnx", *PIPELINE}
@@ -99,6 +108,7 @@ def test_python_model_config_matches_model_py_and_the_weights(artifacts):
     (STAGING / "food_classifier" / "1" / "core_share.py", (3, 10)),
     (STAGING / "food_preprocess" / "1" / "model.py", (3, 10)),
     (STAGING / "food_postprocess" / "1" / "model.py", (3, 10)),
+    (paths.MODELS_BLS / "food_cascade" / "1" / "model.py", (3, 10)),
     (ONNX_RUNNER, (3, 8)),
     (ONNX_RUNNER.parent / "accelerators.py", (3, 8)),  # the runner imports it inside Triton's stub
 ])

@@ -30,7 +30,7 @@ def test_past_capacity_unbounded_then_bounded(one_model_triton):
     # 4x the capacity measured: overloaded for sure even when a busy machine (make test runs 3 workers)
     # made the capacity read half what the copy serves during the runs (a 1.5x run once got no rejection)
     run = overload.measure(s.url, s.grpc_url, s.admin_key, seconds=4.0, factors=(4.0,), capacity_s=3.0,
-                           log=lines.append)
+                           calibrate_s=3.0, log=lines.append)
     unbounded, bounded, high, low = run["rows"]
     assert (unbounded["policy"], bounded["policy"]) == ("unbounded", "bounded")
     assert unbounded["ok"] == unbounded["sent"] > 0 and not unbounded["errors"]
@@ -46,6 +46,11 @@ def test_past_capacity_unbounded_then_bounded(one_model_triton):
     # bounded: some turned away with Triton's 503, nothing else went wrong, the rest served
     assert bounded["rejected"] > 0 and bounded["other_errors"] == 0 and bounded["ok"] > 0, lines
     assert 0 < bounded["fixed_reject"] < 1 and 0 < bounded["mm1k_reject"] < 1
+    # the missed hand-overs' run kept the queue full (most turned away) and gave a share in [0, 1]
+    missed = run["missed_handovers"]
+    assert missed["rejected"] > missed["ok"] > 0 and 0 <= missed["miss"] <= 1, missed
+    assert bounded["miss"] == missed["miss"] and bounded["fixed_reject"] <= bounded["missed_reject"] < 1
+    assert any(line.startswith("missed hand-overs: bounded queue, constant arrivals") for line in lines), lines
     assert any("rejected" in line for line in lines) and lines[0].startswith("capacity:")
     # two priority levels, one request in four at level 1: the low level is turned away first, and the
     # high level's requests that were served waited less (at 4x the high level alone is 1x capacity)
