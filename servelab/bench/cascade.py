@@ -61,7 +61,7 @@ def measure(url: str, requests: int = 120, concurrency=CONCURRENCY, models=MODEL
                                  lambda m=model: [TritonObserver(url, m)], label=f"{model} @ {c}", progress=False)
             row = {"model": model, "clients": c, "ok": r.ok, "sent": r.sent, "errors": r.errors,
                    "p50_ms": r.latency["p50_ms"], "p99_ms": r.latency["p99_ms"], "throughput": r.throughput,
-                   "verdict": r.verdict}
+                   "verdict": r.verdict, "validity": r.validity}
             if escalations is not None:
                 row["escalated"] = (_requests(url, "food_classifier") - escalations) / max(1, r.ok)
             rows.append(row)

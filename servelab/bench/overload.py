@@ -154,7 +154,7 @@ def missed_handovers(target, rate: float, seconds: float, service_s: float) -> d
     r = load.run_checked(target, pat, label=f"{rate:.1f}/s, constant", progress=False)
     return {"rate": rate, "goodput": r.throughput, "sent": r.sent, "ok": r.ok,
             "rejected": r.errors.get(REJECTED, 0), "miss": queueing.miss_share(r.throughput, service_s),
-            "valid": r.valid}
+            "valid": r.valid, "validity": r.validity}
 
 
 def judge(measured: float, predicted: float, expected_rejects: float, busy: float, factor: float,
@@ -182,7 +182,7 @@ def row(policy: str, factor: float, rate: float, seconds: float, r: load.Result,
            "reject_share": rejected / r.sent if r.sent else math.nan, "busy": busy_share(r),
            "queue_ms": (r.server or {}).get("per_request_ms", {}).get("queue", math.nan),
            "compute_ms": compute_ms(r), "work_s": (r.server or {}).get("requests", 0) * compute_ms(r) / 1000.0,
-           "verdict": r.verdict}
+           "verdict": r.verdict, "validity": r.validity}
     if policy == "bounded":
         k = QUEUE_SIZE + 1
         mm = queueing.mmck(1, rate, service_s, k)
@@ -198,10 +198,12 @@ def row(policy: str, factor: float, rate: float, seconds: float, r: load.Result,
     return out
 
 
-def priority_rows(factor: float, rate: float, r: load.Result, mix: PriorityMix, service_s: float) -> list[dict]:
+def priority_rows(factor: float, rate: float, r: load.Result, mix: PriorityMix, service_s: float,
+                  miss: float = 0.0) -> list[dict]:
     """One row per level: its requests, served and rejected, latencies, and the same bounded
-    priority queue simulated with the measured service time."""
-    sim = queueing.simulate_priority(rate, service_s, QUEUE_SIZE, mix.every)
+    priority queue simulated with the measured service time and ``miss``, the share of
+    hand-overs Triton's batcher missed (priority levels turn its prefetching off as a bound does)."""
+    sim = queueing.simulate_priority(rate, service_s, QUEUE_SIZE, mix.every, miss=miss)
     busy = busy_share(r)
     rows = []
     for level in ("high", "low"):
@@ -218,11 +220,11 @@ def priority_rows(factor: float, rate: float, r: load.Result, mix: PriorityMix, 
             "goodput": len(ok) / r.duration_s if r.duration_s else math.nan,
             "p50_ms": float(np.percentile(ok, 50)) if ok else math.nan,
             "p99_ms": float(np.percentile(ok, 99)) if ok else math.nan, "busy": busy,
-            "predicted_reject": predicted["reject"],
+            "predicted_reject": predicted["reject"], "miss": miss,
             "predicted_p99_ms": float(np.percentile(predicted["latencies"], 99)) * 1000,
             "judged": judge(share_rejected, predicted["reject"],
-                            predicted["reject"] * len(calls), busy, factor),
-            "verdict": r.verdict})
+                            predicted["reject"] * len(calls), busy, factor, idle_in_model=miss > 0),
+            "verdict": r.verdict, "validity": r.validity})
     return rows
 
 
@@ -263,7 +265,7 @@ def measure(url: str, grpc_url: str, admin_key: str | None, seconds: float = 20.
             for f in factors:
                 rate = f * cap["rate"]
                 r, mix = point_priority(url, rate, seconds, model=model)
-                rows += priority_rows(f, rate, r, mix, cap["service_s"])
+                rows += priority_rows(f, rate, r, mix, cap["service_s"], missed["miss"] if missed else 0.0)
                 log(line(rows[-2]))
                 log(line(rows[-1]))
     finally:
@@ -284,7 +286,7 @@ def line(r: dict) -> str:
         return (f"priority {r['level']:>4} {r['factor']:.1f}x ({r['rate']:5.1f}/s of it): {r['ok']}/{r['sent']} served, "
                 f"goodput {r['goodput']:5.1f}/s, p50 {r['p50_ms']:7.0f} ms, p99 {r['p99_ms']:7.0f} ms "
                 f"(simulated {r['predicted_p99_ms']:.0f}), rejected {r['reject_share']:.1%} "
-                f"(simulated {r['predicted_reject']:.1%}: {r['judged']})"
+                f"(simulated with {r['miss']:.0%} missed hand-overs {r['predicted_reject']:.1%}: {r['judged']})"
                 + (f", other errors {r['other_errors']}" if r["other_errors"] else "")
                 + ("" if r["verdict"] == "valid" else f" [{r['verdict']}]"))
     s = (f"{r['policy']:>9} {r['factor']:.1f}x ({r['rate']:5.1f}/s): {r['ok']}/{r['sent']} served, "

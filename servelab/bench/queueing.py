@@ -561,55 +561,74 @@ BATCHER_TIMER_S = 0.5
 def simulate_missed_wakes(rate: float, service_s: float, queue_size: int, miss: float,
                           timer_s: float = BATCHER_TIMER_S, n: int = 20000, seed: int = 1) -> dict:
     """One copy, a fixed service time, at most ``queue_size`` requests waiting (the one in service
-    not counted), Poisson arrivals, and the wake-up rule above: when the copy finishes with requests
-    waiting, the next one starts at once, except with probability ``miss``; then the copy idles
-    until an arrival enters the queue (an arrival to a full queue is rejected and wakes nothing),
-    or until the batcher's timer, every ``timer_s`` from the last hand-over. ``miss=0`` is
-    :func:`simulate_bounded` with ``capacity=queue_size + 1``. Returns the rejected share, the
-    served requests' latencies (s) and the copy's busy share."""
+    not counted), Poisson arrivals, and the wake-up rule above (:func:`serve_with_misses`).
+    ``miss=0`` is :func:`simulate_bounded` with ``capacity=queue_size + 1``. Returns the rejected
+    share, the served requests' latencies (s) and the copy's busy share."""
+    from servelab.bench import schedule
+    arr = schedule.offsets(rate, n, "poisson", seed)
+    out = serve_with_misses(arr, None, service_s, queue_size, miss, timer_s, seed)
+    return {**out["all"], "busy": out["busy"]}
+
+
+def serve_with_misses(arrivals: Sequence[float], levels: Sequence[str] | None, service_s: float,
+                      queue_size: int, miss: float, timer_s: float = BATCHER_TIMER_S, seed: int = 1) -> dict:
+    """``arrivals`` (s, in order), each of a level ("high" or "low"; ``levels=None``: one level,
+    "all"), to one copy with a fixed service time; each level keeps at most ``queue_size``
+    requests waiting, and a free copy takes the oldest "high" request first. When the copy
+    finishes with requests waiting, the next one starts at once, except with probability
+    ``miss``: then the copy idles until an arrival enters a queue (an arrival to a full queue is
+    rejected and wakes nothing), or until the batcher's timer, every ``timer_s`` from the last
+    hand-over. Returns, per level, the rejected share and the served latencies (s), and the
+    copy's busy share."""
     import numpy as np
 
-    from servelab.bench import schedule
     if not 0 <= miss <= 1:
         raise ValueError(f"miss is a probability, got {miss}")
-    coin = np.random.default_rng(seed + 1).random(n)
-    arr = schedule.offsets(rate, n, "poisson", seed)
-    waiting: deque = deque()
-    lat: list[float] = []
-    rejected, busy_s, handed = 0, 0.0, 0
+    n = len(arrivals)
+    levels = ["all"] * n if levels is None else list(levels)
+    order = [k for k in ("high", "low", "all") if k in set(levels)]
+    waiting: dict[str, deque] = {k: deque() for k in order}
+    out = {k: {"sent": 0, "rejected": 0, "latencies": []} for k in order}
+    coin = np.random.default_rng(seed + 1).random(max(1, n))
+    busy_s, handed = 0.0, 0
     done = stall = math.inf      # the copy's completion; the end of an idle spell with requests waiting
     last = 0.0                   # the last hand-over: the batcher's timer counts from it
 
     def hand_over(t):
         nonlocal done, stall, last, busy_s
-        lat.append(t + service_s - waiting.popleft())
+        k = next(k for k in order if waiting[k])
+        out[k]["latencies"].append(t + service_s - waiting[k].popleft())
         done, stall, last = t + service_s, math.inf, t
         busy_s += service_s
 
     i = 0
     while i < n or done < math.inf or stall < math.inf:
-        t = min(arr[i] if i < n else math.inf, done, stall)
+        t = min(arrivals[i] if i < n else math.inf, done, stall)
         if t == done:
             done = math.inf
-            if waiting:
+            if any(waiting.values()):
                 handed += 1
-                if coin[handed % n] < miss:   # the wake came too early: the batcher sleeps on
+                if coin[handed % len(coin)] < miss:   # the wake came too early: the batcher sleeps on
                     stall = last + (math.floor((t - last) / timer_s) + 1) * timer_s
                 else:
                     hand_over(t)
         elif t == stall:
             hand_over(t)
         else:
+            k = levels[i]
             i += 1
-            if len(waiting) >= queue_size:
-                rejected += 1
+            out[k]["sent"] += 1
+            if len(waiting[k]) >= queue_size:
+                out[k]["rejected"] += 1
                 continue
-            waiting.append(t)
+            waiting[k].append(t)
             if done == math.inf:              # idle: the accepted arrival wakes the batcher
                 hand_over(t)
-    end = max(arr[-1], last + service_s) if n else 0.0
-    return {"reject": rejected / n if n else 0.0, "latencies": np.array(lat),
-            "busy": busy_s / end if end else 0.0}
+    end = max(arrivals[-1], last + service_s) if n else 0.0
+    result = {k: {"reject": v["rejected"] / v["sent"] if v["sent"] else math.nan,
+                  "latencies": np.array(v["latencies"])} for k, v in out.items()}
+    result["busy"] = busy_s / end if end else 0.0
+    return result
 
 
 def miss_share(goodput: float, service_s: float, timer_s: float = BATCHER_TIMER_S) -> float:
@@ -625,15 +644,19 @@ def miss_share(goodput: float, service_s: float, timer_s: float = BATCHER_TIMER_
 
 
 def simulate_priority(rate: float, service_s: float, queue_size: int, every: int, n: int = 20000,
-                      seed: int = 1) -> dict:
+                      seed: int = 1, miss: float = 0.0) -> dict:
     """Poisson arrivals at ``rate`` to one server with a fixed service time: every ``every``-th
     arrival (the 1st, the ``every``+1-th, ...) has the high priority, the rest the low one.
-    Served as ``serve_priority`` says; returns its figures."""
+    Served as ``serve_priority`` says, or, with ``miss`` > 0, with Triton's missed hand-overs
+    (``serve_with_misses``); returns its figures."""
     from servelab.bench import schedule
     if every < 2:
         raise ValueError("every: at least 2 (one high-priority arrival in every `every`)")
     arr = schedule.offsets(rate, n, "poisson", seed)
-    return serve_priority(arr, ["high" if i % every == 0 else "low" for i in range(n)], service_s, queue_size)
+    levels = ["high" if i % every == 0 else "low" for i in range(n)]
+    if miss:
+        return serve_with_misses(arr, levels, service_s, queue_size, miss, seed=seed)
+    return serve_priority(arr, levels, service_s, queue_size)
 
 
 def serve_priority(arrivals: Sequence[float], levels: Sequence[str], service_s: float, queue_size: int) -> dict:

@@ -146,3 +146,18 @@ def test_miss_share_reads_the_full_queues_goodput(miss):
 def test_judge_with_the_idle_spells_in_the_model():
     assert overload.judge(0.70, 0.66, 100, busy=0.30, factor=1.5, idle_in_model=True).startswith("within")
     assert overload.judge(0.70, 0.40, 100, busy=0.30, factor=1.5, idle_in_model=True).startswith("outside")
+
+
+def test_no_missed_hand_over_with_two_levels_is_serve_priority():
+    service, rate = 0.04, 1.5 / 0.04
+    from servelab.bench import schedule
+
+    arr = schedule.offsets(rate, 5000, "poisson", 3)
+    levels = ["high" if i % 4 == 0 else "low" for i in range(len(arr))]
+    plain = queueing.serve_priority(arr, levels, service, 8)
+    missed = queueing.serve_with_misses(arr, levels, service, 8, miss=0.0)
+    for k in ("high", "low"):
+        assert missed[k]["reject"] == plain[k]["reject"]
+        np.testing.assert_allclose(missed[k]["latencies"], plain[k]["latencies"])
+    worse = queueing.simulate_priority(rate, service, 8, 4, miss=0.4)     # the low level pays for the idle spells
+    assert worse["low"]["reject"] > plain["low"]["reject"] and worse["high"]["reject"] < worse["low"]["reject"]
