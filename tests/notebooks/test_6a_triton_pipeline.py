@@ -44,7 +44,7 @@ def test_6a_triton_pipeline_runs_against_a_local_triton(tmp_path, jupyter_sdk_im
     assert len(list((tmp_path / "results").glob("6a_triton_pipeline-*.zip"))) == 1 and "figures.json: 4 measurement(s)" in text
     (tmp_path / "6a.txt").write_text(text)  # the executed notebook's text, for a failed assertion below
     passed = _no_failed_check(text)
-    assert len(passed) == 10, passed
+    assert len(passed) == 13, passed
     # the ensemble answered the photo, and refused a non-image with its own 400
     assert re.search(r"the photo: \('[^']+', 0\.\d+\)", text)
     assert "not a photo: HTTP 400: in ensemble 'food_pipeline', not_an_image: " in text
@@ -65,6 +65,13 @@ def test_6a_triton_pipeline_runs_against_a_local_triton(tmp_path, jupyter_sdk_im
         assert re.search(rf"food_cascade @ {c}: p50 +[0-9.]+ ms, .* escalated \d+%", text)
     assert "food_cascade" not in text.rsplit("models in the repository:", 1)[1].split("\n", 1)[0]
     assert not (REPO_ROOT / "models_staging" / "food_cascade").exists()
+    # past capacity (issue 50): the three configs shown, the missed hand-overs measured, each policy's row at 2x
+    assert "max_queue_size: 8 timeout_action: REJECT" in text and "priority_levels: 2" in text
+    assert re.search(r"batcher missed \d+% of its hand-overs", text)
+    for policy in ("unbounded", "bounded"):
+        assert re.search(rf"^ *{policy} 2\.0x \( *[0-9.]+/s\): \d+/\d+ served", text, re.M), policy
+    assert re.search(r"rejected [0-9.]+% \(M/M/1/K [0-9.]+%, fixed service [0-9.]+%, with \d+% missed hand-overs", text)
+    assert re.search(r"^priority +low 2\.0x", text, re.M) and re.search(r"^priority high 2\.0x", text, re.M)
     # the lab's files are as they were, and Triton serves version 1 again
     assert {p: p.read_text() for p in (REPO_ROOT / "models_staging").glob("*/config.pbtxt")} == staged
     assert [int(v) for v in final["version_policy"]["specific"]["versions"]] == [1]
