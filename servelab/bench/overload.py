@@ -15,9 +15,10 @@ model's service time is the measured one:
    policy Triton's batcher can miss the moment the copy is free, and a full queue does not wake
    it, so the copy idles up to its 500 ms timer). How often it misses is measured first, in a
    run of its own: constant arrivals at ``CALIBRATE_FACTOR`` x capacity keep the queue full, and
-   the goodput gives the share missed (queueing.miss_share). The rejected share is judged
-   against this last model. Beside each unbounded run, the backlog the queue should build
-   ((rate - capacity) x duration);
+   the goodput gives the share missed (queueing.miss_share). Each prediction takes the service
+   time Triton counted in its own run (the copy's thread count follows the machine's load). The
+   rejected share is judged against this last model. Beside each unbounded run, the backlog the
+   queue should build ((rate - capacity) x duration);
 4. two priority levels (``priority_levels: 2``): one request in ``HIGH_EVERY`` asks for level 1
    (``"parameters": {"priority": 1}``), the rest take the default level 2; each level's queue is
    bounded as above. Per level: served, rejected, p50/p99, beside the same queue simulated
@@ -146,14 +147,19 @@ def busy_share(r: load.Result) -> float:
     return requests * compute_ms(r) / 1000.0 / r.duration_s if r.duration_s else math.nan
 
 
-def missed_handovers(target, rate: float, seconds: float, service_s: float) -> dict:
+def missed_handovers(target, rate: float, seconds: float, service_s: float, model: str = MODEL) -> dict:
     """The bounded queue kept full by constant arrivals at ``rate`` (far past capacity): the
-    goodput, and the share of hand-overs Triton's batcher missed that it implies."""
+    goodput, and the share of hand-overs Triton's batcher missed that it implies, with the
+    service time Triton counted in this run (``service_s`` where it counted none)."""
+    from servelab.bench.triton import TritonObserver
+
     n = max(1, round(rate * seconds))
     pat = load.open_loop(rate, "constant", duration=seconds, max_in_flight=n + 1, timeout=120.0)
-    r = load.run_checked(target, pat, label=f"{rate:.1f}/s, constant", progress=False)
-    return {"rate": rate, "goodput": r.throughput, "sent": r.sent, "ok": r.ok,
-            "rejected": r.errors.get(REJECTED, 0), "miss": queueing.miss_share(r.throughput, service_s),
+    r = load.run_checked(target, pat, lambda: [TritonObserver(target.url, model)], label=f"{rate:.1f}/s, constant",
+                         progress=False)
+    service = compute_ms(r) / 1000.0 or service_s
+    return {"rate": rate, "goodput": r.throughput, "sent": r.sent, "ok": r.ok, "service_s": service,
+            "rejected": r.errors.get(REJECTED, 0), "miss": queueing.miss_share(r.throughput, service),
             "valid": r.valid, "validity": r.validity}
 
 
@@ -184,10 +190,13 @@ def row(policy: str, factor: float, rate: float, seconds: float, r: load.Result,
            "compute_ms": compute_ms(r), "work_s": (r.server or {}).get("requests", 0) * compute_ms(r) / 1000.0,
            "verdict": r.verdict, "validity": r.validity}
     if policy == "bounded":
+        # the predictions take the service time Triton counted in this run: the copy's thread count
+        # follows the machine's load (servelab/serve/threads.py), so it can differ from the capacity run's
+        service = out["compute_ms"] / 1000.0 or service_s
         k = QUEUE_SIZE + 1
-        mm = queueing.mmck(1, rate, service_s, k)
-        sim = queueing.simulate_bounded(rate, service_s, k)
-        missed = queueing.simulate_missed_wakes(rate, service_s, QUEUE_SIZE, miss)
+        mm = queueing.mmck(1, rate, service, k)
+        sim = queueing.simulate_bounded(rate, service, k)
+        missed = queueing.simulate_missed_wakes(rate, service, QUEUE_SIZE, miss)
         out.update(mm1k_reject=mm["reject"], fixed_reject=sim["reject"], miss=miss,
                    missed_reject=missed["reject"], missed_busy=missed["busy"],
                    missed_p99_ms=float(np.percentile(missed["latencies"], 99)) * 1000,
@@ -203,7 +212,7 @@ def priority_rows(factor: float, rate: float, r: load.Result, mix: PriorityMix, 
     """One row per level: its requests, served and rejected, latencies, and the same bounded
     priority queue simulated with the measured service time and ``miss``, the share of
     hand-overs Triton's batcher missed (priority levels turn its prefetching off as a bound does)."""
-    sim = queueing.simulate_priority(rate, service_s, QUEUE_SIZE, mix.every, miss=miss)
+    sim = queueing.simulate_priority(rate, compute_ms(r) / 1000.0 or service_s, QUEUE_SIZE, mix.every, miss=miss)
     busy = busy_share(r)
     rows = []
     for level in ("high", "low"):
@@ -276,7 +285,8 @@ def measure(url: str, grpc_url: str, admin_key: str | None, seconds: float = 20.
 
 def missed_line(m: dict, cap: dict) -> str:
     return (f"missed hand-overs: bounded queue, constant arrivals at {m['rate']:.1f}/s kept it full: the copy served "
-            f"{m['goodput']:.1f}/s of its capacity {cap['rate']:.1f}/s, so Triton's batcher missed {m['miss']:.0%} of "
+            f"{m['goodput']:.1f}/s of its capacity {cap['rate']:.1f}/s ({m['service_s'] * 1000:.1f} ms per request in "
+            f"this run), so Triton's batcher missed {m['miss']:.0%} of "
             f"its hand-overs (each one idles the copy to the batcher's {queueing.BATCHER_TIMER_S * 1000:.0f} ms timer)"
             + ("" if m["valid"] else " [inconclusive: the machine was busy]"))
 

@@ -188,6 +188,11 @@ def triton_infer_body(inputs: Sequence[tuple[str, str, Sequence[int], object]],
         head_inputs.append(entry)
     header: dict = {"inputs": head_inputs}
     if parameters:
+        priority = parameters.get("priority")
+        # Triton 2.51 answers a priority that is not an unsigned integer with a 500 ("Unable to parse
+        # 'priority'"); a level the model does not have (0, or above priority_levels) is served.
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int) or priority < 0):
+            raise ValueError(f"priority must be an unsigned integer (a level, 1 = first), got {priority!r}")
         header["parameters"] = dict(parameters)
     if outputs:
         header["outputs"] = [{"name": o, "parameters": {"binary_data": binary}} for o in outputs]

@@ -161,3 +161,15 @@ def test_no_missed_hand_over_with_two_levels_is_serve_priority():
         np.testing.assert_allclose(missed[k]["latencies"], plain[k]["latencies"])
     worse = queueing.simulate_priority(rate, service, 8, 4, miss=0.4)     # the low level pays for the idle spells
     assert worse["low"]["reject"] > plain["low"]["reject"] and worse["high"]["reject"] < worse["low"]["reject"]
+
+
+@pytest.mark.parametrize("priority", [-1, "high", 1.5, True])
+def test_a_priority_triton_would_answer_with_a_500_is_never_built(priority):
+    """Triton 2.51 answers a priority that is not an unsigned integer with 500 "Unable to parse
+    'priority'" (seen on the kit's local Triton); the kit's request builder refuses it first."""
+    from servelab.bench import targets
+
+    with pytest.raises(ValueError, match="priority must be an unsigned integer"):
+        targets.triton_infer_body([("INPUT_IMAGE", "BYTES", [1, 1], [b"x"])], parameters={"priority": priority})
+    body, _ = targets.triton_infer_body([("INPUT_IMAGE", "BYTES", [1, 1], [b"x"])], parameters={"priority": 9})
+    assert b'"parameters":{"priority":9}' in body       # a level the model lacks: Triton serves it
