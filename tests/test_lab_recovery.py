@@ -252,3 +252,28 @@ def test_triton_log_since_waits_for_a_line_that_comes_late(tmp_path):
     t0 = time.monotonic()  # a line that never comes: what there is, after the timeout
     assert lab.triton_log_since(mark, "m_0_0", wait_for="openvino", timeout=0.3) == late.strip()
     assert 0.3 <= time.monotonic() - t0 < 3
+
+
+def test_a_model_with_one_version_out_of_service_is_still_ready(monkeypatch):
+    """Triton's repository index lists each version; notebook 6a's rollout leaves version 2 UNAVAILABLE
+    beside version 1 READY: the model serves, and the listing says READY."""
+    import tritonclient.grpc as grpcclient
+
+    index = {"models": [{"name": "food_classifier_onnx", "version": "1", "state": "READY"},
+                        {"name": "food_classifier_onnx", "version": "2", "state": "UNAVAILABLE"},
+                        {"name": "planted", "version": "1", "state": "UNAVAILABLE"},
+                        {"name": "food_pipeline", "version": "1", "state": "READY"}]}
+
+    class Client:
+        def __init__(self, url):
+            pass
+
+        def get_model_repository_index(self, headers=None, as_json=False):
+            return index
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(grpcclient, "InferenceServerClient", Client)
+    assert lab.models_in_repository("127.0.0.1:1") == {"food_classifier_onnx": "READY", "planted": "UNAVAILABLE",
+                                                       "food_pipeline": "READY"}

@@ -56,14 +56,16 @@ def measure(url: str, requests: int = 120, concurrency=CONCURRENCY, models=MODEL
         for model in models:
             target = triton_target(url, model)
             load.warm(target, requests=max(4, c), concurrency=c)
-            escalations = _requests(url, "food_classifier") if model == "food_cascade" else None
+            # Triton's counts of both models around the run (retries of a spoiled run included in both)
+            counts = (_requests(url, "food_classifier"), _requests(url, model)) if model == "food_cascade" else None
             r = load.run_checked(target, load.closed(c, requests=requests),
                                  lambda m=model: [TritonObserver(url, m)], label=f"{model} @ {c}", progress=False)
             row = {"model": model, "clients": c, "ok": r.ok, "sent": r.sent, "errors": r.errors,
                    "p50_ms": r.latency["p50_ms"], "p99_ms": r.latency["p99_ms"], "throughput": r.throughput,
                    "verdict": r.verdict, "validity": r.validity}
-            if escalations is not None:
-                row["escalated"] = (_requests(url, "food_classifier") - escalations) / max(1, r.ok)
+            if counts is not None:
+                row["escalated"] = ((_requests(url, "food_classifier") - counts[0])
+                                    / max(1, _requests(url, model) - counts[1]))
             rows.append(row)
             log(line(row))
     return rows

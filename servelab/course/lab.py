@@ -205,15 +205,21 @@ def _admin_headers(grpc_url: str, admin_key: str | None) -> dict | None:
 
 
 def models_in_repository(grpc_url: str, admin_key: str | None = None) -> dict[str, str]:
-    """Every model in Triton's repository and its state (``READY``, ``UNAVAILABLE``, ...)."""
+    """Every model in Triton's repository and its state (``READY``, ``UNAVAILABLE``, ...). The index
+    has one entry per version Triton knows of: a model is READY when one of its versions is (a
+    version taken out of service, as in notebook 6a's rollout, stays listed as UNAVAILABLE)."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
         index = client.get_model_repository_index(headers=_admin_headers(grpc_url, admin_key), as_json=True)
-        return {m["name"]: m.get("state", "") for m in index.get("models", [])}
     finally:
         client.close()
+    states: dict[str, str] = {}
+    for m in index.get("models", []):
+        if states.get(m["name"]) != "READY":
+            states[m["name"]] = m.get("state", "")
+    return states
 
 
 def unload(model: str, grpc_url: str, admin_key: str | None = None, timeout_s: float = 60.0) -> None:

@@ -84,9 +84,9 @@ SCALES = {
         "6a_triton_pipeline": {  # tests/notebooks/test_6a_triton_pipeline.py
             "SERVELAB_NB6A_REQUESTS": "24", "SERVELAB_NB6A_SWEEP_SECONDS": "2", "SERVELAB_NB6A_SWEEP_FACTORS": "0.5,1.0",
             "SERVELAB_NB6A_WARMUP_ROUNDS": "2", "SERVELAB_NB6A_ROLLOUT_SECONDS": "8",
-            "SERVELAB_NB6A_CASCADE_REQUESTS": "16",
+            "SERVELAB_NB6A_CASCADE_REQUESTS": "8",
             # past capacity: one factor, far enough past it that a busy machine's capacity reading still overloads
-            "SERVELAB_NB6A_OVERLOAD_SECONDS": "5", "SERVELAB_NB6A_OVERLOAD_FACTORS": "2.0",
+            "SERVELAB_NB6A_OVERLOAD_SECONDS": "3", "SERVELAB_NB6A_OVERLOAD_FACTORS": "2.0",
         },
         # 6e (tests/notebooks/test_6e_accelerate.py): no torch.compile (its compile alone is ~20-40 s on 2 cores),
         # 3 rounds of 5 requests after 2 warm-ups, one thread per variant (two threads of eager PyTorch took
