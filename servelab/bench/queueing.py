@@ -551,8 +551,9 @@ def simulate_bounded(rate: float, service_s: float, capacity: int, n: int = 2000
 # r24.10): any default_queue_policy bound, timeout or priority level turns its prefetching off
 # (src/scheduler_utils.cc, PriorityQueue's constructor), so the batcher hands a request over only
 # when the copy is waiting for one (src/rate_limiter.cc, PayloadSlotAvailable). When the copy
-# finishes, the executed payload's callback wakes the batcher (src/payload.cc, Execute), but that
-# can come before the copy waits again; then the batcher sleeps on. An arrival wakes it only if
+# finishes, the executed payload's callback wakes the batcher (src/payload.cc, Execute), before
+# the copy's thread asks for its next payload (src/backend_model_instance.cc, BackendThread); a
+# batcher that looks in between finds no copy waiting and sleeps on. An arrival wakes it only if
 # it enters the queue: a full queue rejects it before the wake (src/dynamic_batch_scheduler.cc,
 # Enqueue). Left alone, the batcher looks again every 500 ms (WaitForPayloadSlotAvailable).
 BATCHER_TIMER_S = 0.5
