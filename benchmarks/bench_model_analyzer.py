@@ -13,7 +13,6 @@ minutes apart): the printed verdict says whether other work used the CPU meanwhi
 from __future__ import annotations
 
 from servelab.bench import batchcost, configsearch, queueing, script
-from servelab.core import procs
 from servelab.triton import analyzer
 
 MODEL = "food_classifier_onnx"
@@ -39,8 +38,7 @@ def main(argv=None) -> int:
     space = analyzer.Space(ints(args.instances), ints(args.batch), ints(args.delays), ints(args.concurrency))
     from servelab import triton
 
-    ports = [procs.free_port() for _ in range(3)]
-    with triton.running(models=[MODEL], http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
+    with triton.running(models=[MODEL], **triton.free_ports()) as t:
         through = batchcost.through_triton(t.url, MODEL, requests=args.batch_requests)
         alone = batchcost.through_triton(t.url, MODEL, sizes=(1,), requests=args.batch_requests, concurrency=1)
     seconds = batchcost.bounded_by_one_client(through["seconds"], alone["seconds"][1])

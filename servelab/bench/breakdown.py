@@ -256,11 +256,9 @@ def main(argv=None) -> int:
     server = None
     if a.url is None:
         from servelab import triton
-        from servelab.core import procs
 
-        ports = [procs.free_port() for _ in range(3)]
         print("starting a local Triton for the breakdown ...", flush=True)
-        server = triton.start(http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], write_state=False)
+        server = triton.start(**triton.free_ports(), write_state=False)
         a.url, a.admin_key = server.url, server.admin_key
     try:
         summaries = []

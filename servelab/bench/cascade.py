@@ -89,13 +89,10 @@ def main(argv=None) -> int:
     import tempfile
 
     from servelab import triton
-    from servelab.core import procs
 
-    ports = [procs.free_port() for _ in range(3)]
     print("starting a local Triton ...", flush=True)
     with tempfile.TemporaryDirectory(prefix="servelab-cascade-") as tmp:
-        server = triton.start(repository(Path(tmp) / "models"), http_port=ports[0], grpc_port=ports[1],
-                              metrics_port=ports[2], write_state=False)
+        server = triton.start(repository(Path(tmp) / "models"), **triton.free_ports(), write_state=False)
         try:
             rows = measure(server.url, a.requests)
         finally:

@@ -327,11 +327,9 @@ def main(argv=None) -> int:
     server = None
     if a.url is None:
         from servelab import triton
-        from servelab.core import procs
 
-        ports = [procs.free_port() for _ in range(3)]
         print("starting a local Triton ...", flush=True)
-        server = triton.start(models=[MODEL], http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], write_state=False)
+        server = triton.start(models=[MODEL], **triton.free_ports(), write_state=False)
         a.url, a.grpc_url, a.admin_key = server.url, server.grpc_url, server.admin_key
     elif not a.grpc_url:
         p.error("--url needs --grpc-url (the reloads go over gRPC)")

@@ -203,11 +203,9 @@ def main(argv=None) -> int:
     if not 0 <= a.repeat <= 1:
         p.error("--repeat is a share: 0 to 1")
     from servelab import triton
-    from servelab.core import procs
 
-    ports = [procs.free_port() for _ in range(3)]
     print("starting a local Triton with the response cache ...", flush=True)
-    server = triton.start(models=[MODEL], http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+    server = triton.start(models=[MODEL], **triton.free_ports(),
                           write_state=False, extra_args=server_args())
     try:
         out = measure(server.url, server.grpc_url, server.admin_key, a.requests, a.repeat, rounds=a.rounds)

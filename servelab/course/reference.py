@@ -348,14 +348,12 @@ def _run_against_triton(name: str, env_extra: dict, work: Path, log, env_of, hoo
     (the notebooks edit configs); ``env_of(t, repo)`` is the kernel's Triton environment. A second
     call (a spoiled run again) starts from a fresh copy."""
     from servelab import triton
-    from servelab.core import procs
 
     repo = work / f"models-{name}"
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(paths.REPO_ROOT / "models_staging", repo, ignore=shutil.ignore_patterns("__pycache__"))
     results = results_folder(name)
-    ports = [procs.free_port() for _ in range(3)]
-    with triton.running(repo, models=models, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
+    with triton.running(repo, models=models, **triton.free_ports()) as t:
         env = kernel_env(**env_of(t, repo), SERVELAB_RESULTS_DIR=str(results), **env_extra)
         return _with_retry(lambda: run_notebook(name, env, hooks=hooks_of(repo)), name, results, log)
 
@@ -387,11 +385,9 @@ def run_6e_accelerate(env_extra: dict, work: Path, log):
 def run_6f_token_streaming(env_extra: dict, work: Path, log):
     # 6f: the kit's Triton serving models_streaming/ (nothing edits it), as the notebook's terminal line starts it
     from servelab import triton
-    from servelab.core import procs
 
     results = results_folder("6f_token_streaming")
-    ports = [procs.free_port() for _ in range(3)]
-    with triton.running(paths.MODELS_STREAMING, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+    with triton.running(paths.MODELS_STREAMING, **triton.free_ports(),
                         workdir=work / "triton-6f") as t:
         env = kernel_env(TRITON_STREAMING_URL=t.url, TRITON_STREAMING_GRPC_URL=t.grpc_url,
                          SERVELAB_RESULTS_DIR=str(results), **env_extra)

@@ -107,7 +107,7 @@ from servelab.triton.install import (
 )
 from servelab.triton.process import StubProcess, stub_processes
 from servelab.triton.repository import build_repository, prepare_backends, sync_model
-from servelab.triton.server import TritonServer, running, start, stop_running
+from servelab.triton.server import TritonServer, free_ports, running, start, stop_running
 from servelab.triton.state import read_state, state_path
 from servelab.triton.stats import snapshot, stats_delta
 
@@ -118,6 +118,6 @@ __all__ = [
     "batch_sizes_to_warm", "build_repository", "config_to_dict", "config_to_text", "describe_config", "dict_to_config",
     "find_install", "gpu_count", "is_onnx_config", "is_runner_config", "load_config", "localize_config",
     "instance_count", "model_config", "parse_config_text", "prepare_backends", "read_state", "reload_model",
-    "running", "set_instances", "snapshot", "start", "state_path", "stats_delta", "stop_running", "stub_processes", "sync_model",
+    "free_ports", "running", "set_instances", "snapshot", "start", "state_path", "stats_delta", "stop_running", "stub_processes", "sync_model",
     "warmed_sizes",
 ]

@@ -378,6 +378,12 @@ def _wait_ready(server: TritonServer, timeout: float) -> None:
     raise TritonError(f"Triton was not ready within {timeout:.0f} s (log: {server.log_path}):\n{server.log_tail()}")
 
 
+def free_ports() -> dict[str, int]:
+    """Three free loopback ports, as ``start``'s keywords: a private server beside the lab's own
+    (``triton.start(models=[...], **free_ports())``)."""
+    return {name: procs.free_port() for name in ("http_port", "grpc_port", "metrics_port")}
+
+
 @contextmanager
 def running(repo: str | os.PathLike | None = None, **kwargs) -> Iterator[TritonServer]:
     """``with running(...) as t:`` — start, yield, always stop."""

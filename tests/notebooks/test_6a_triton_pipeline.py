@@ -25,13 +25,11 @@ REDUCED = reference.SCALES["reduced"]["6a_triton_pipeline"]
 
 def test_6a_triton_pipeline_runs_against_a_local_triton(tmp_path, jupyter_sdk_image_env):
     from servelab import triton
-    from servelab.core import procs
     from tests.images import imagekit
 
     staged = {p: p.read_text() for p in (REPO_ROOT / "models_staging").glob("*/config.pbtxt")}
-    ports = [procs.free_port() for _ in range(3)]
     sdk = jupyter_sdk_image_env
-    with triton.running(http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
+    with triton.running(**triton.free_ports()) as t:
         kernel_env = (lambda **kw: image_kernel_env(sdk, imagekit.sdk_tools(), **kw)) if sdk else base_kernel_env
         env = kernel_env(TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_ADMIN_KEY=t.admin_key,
                          TRITON_MODEL_REPOSITORY=str(REPO_ROOT / "models_staging"),

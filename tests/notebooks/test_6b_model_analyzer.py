@@ -28,15 +28,12 @@ REDUCED = reference.SCALES["reduced"]["6b_model_analyzer"]
 
 def test_6b_model_analyzer_runs_against_a_local_triton(tmp_path):
     from servelab import triton
-    from servelab.core import procs
 
     repo = tmp_path / "models"
     shutil.copytree(REPO_ROOT / "models_staging", repo, ignore=shutil.ignore_patterns("food_classifier"))
     original = (repo / "food_classifier_onnx" / "config.pbtxt").read_text()
     shm_before = set(Path("/dev/shm").glob("servelab_ma_*"))
-    ports = [procs.free_port() for _ in range(3)]
-    with triton.running(repo, models=["food_classifier_onnx"], http_port=ports[0], grpc_port=ports[1],
-                        metrics_port=ports[2]) as t:
+    with triton.running(repo, models=["food_classifier_onnx"], **triton.free_ports()) as t:
         env = base_kernel_env(TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_ADMIN_KEY=t.admin_key,
                               TRITON_MODEL_REPOSITORY=str(repo), SERVELAB_RESULTS_DIR=str(tmp_path / "results"),
                               **REDUCED)

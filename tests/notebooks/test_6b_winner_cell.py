@@ -53,7 +53,6 @@ def test_the_winners_config_parses_and_warms_up_within_its_batch(n, b, d):
 @pytest.mark.integration
 def test_a_winner_batching_to_8_loads_in_triton(tmp_path, monkeypatch):
     from servelab import triton
-    from servelab.core import procs
     from servelab.triton.config import FULL_WARMUP_ENV
 
     # every warm-up sample, as on the node (locally the kit keeps batch 1 on the CPU, which hid the defect)
@@ -63,9 +62,7 @@ def test_a_winner_batching_to_8_loads_in_triton(tmp_path, monkeypatch):
     shutil.copytree(paths.MODELS_STAGING / "food_classifier_onnx", repo / "food_classifier_onnx")
     config = repo / "food_classifier_onnx" / "config.pbtxt"
     config.write_text(with_winner(1, 8, 2000)(config.read_text()))
-    ports = [procs.free_port() for _ in range(3)]
-    with triton.running(repo, models=["food_classifier_onnx"], http_port=ports[0], grpc_port=ports[1],
-                        metrics_port=ports[2]) as t:
+    with triton.running(repo, models=["food_classifier_onnx"], **triton.free_ports()) as t:
         loaded = t.model_config("food_classifier_onnx")
     assert loaded["max_batch_size"] == 8
     assert [w["batch_size"] for w in loaded["model_warmup"]] == list(range(1, 9))

@@ -25,7 +25,6 @@ VARIANTS = ("PyTorch eager", "ONNX Runtime", "OpenVINO", "ONNX Runtime INT8")
 
 def test_6e_accelerate_runs_against_a_local_triton(tmp_path):
     from servelab import triton
-    from servelab.core import procs
     from servelab.serve import models
 
     if not models.artifacts_ready():
@@ -33,9 +32,7 @@ def test_6e_accelerate_runs_against_a_local_triton(tmp_path):
     repo = tmp_path / "models"
     for name in ("food_classifier", "food_classifier_onnx"):
         shutil.copytree(REPO_ROOT / "models_staging" / name, repo / name, symlinks=False)
-    ports = [procs.free_port() for _ in range(3)]
-    with triton.running(repo, models=["food_classifier_onnx"], http_port=ports[0], grpc_port=ports[1],
-                        metrics_port=ports[2]) as t:
+    with triton.running(repo, models=["food_classifier_onnx"], **triton.free_ports()) as t:
         env = base_kernel_env(TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_ADMIN_KEY=t.admin_key,
                               TRITON_MODEL_REPOSITORY=str(repo), **REDUCED)
         nb = run_notebook("6e_accelerate", env, timeout=300)

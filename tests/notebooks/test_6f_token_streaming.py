@@ -26,15 +26,14 @@ def test_6f_token_streaming_runs_against_a_local_triton(tmp_path, kernel, jupyte
     Jupyter image's package set (no PyTorch: the compose check found 6f stopping there on `import torch`;
     the two models are then compared with each other, and the prefill read from a lone request)."""
     from servelab import triton
-    from servelab.core import paths, procs
+    from servelab.core import paths
     from tests.images import imagekit
 
     sdk = jupyter_sdk_image_env if kernel == "jupyter image" else None
     if kernel == "jupyter image" and sdk is None:
         pytest.skip("no Python 3.10 here for the Jupyter image's package set (test_sdk_image_python_is_here)")
     kernel_env = (lambda **kw: image_kernel_env(sdk, imagekit.sdk_tools(), **kw)) if sdk else base_kernel_env
-    ports = [procs.free_port() for _ in range(3)]
-    with triton.running(paths.MODELS_STREAMING, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+    with triton.running(paths.MODELS_STREAMING, **triton.free_ports(),
                         workdir=tmp_path / "triton") as t:
         env = kernel_env(TRITON_STREAMING_URL=t.url, TRITON_STREAMING_GRPC_URL=t.grpc_url, **REDUCED)
         nb = run_notebook("6f_token_streaming", env, timeout=300, python_env=sdk)

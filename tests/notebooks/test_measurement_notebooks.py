@@ -169,7 +169,6 @@ def test_6_triton_runs_against_a_local_triton(tmp_path, jupyter_sdk_image_env):
     Over 120 s (172 to 182 s idle): the whole lesson at the reduced scale, 21 checks that each rest
     on runs of their own, with model reloads between the parts."""
     from servelab import triton
-    from servelab.core import procs
 
     repo = tmp_path / "models"
     shutil.copytree(REPO_ROOT / "models_staging", repo)
@@ -190,9 +189,8 @@ def test_6_triton_runs_against_a_local_triton(tmp_path, jupyter_sdk_image_env):
         path.write_text(text[:at] + block)
         hand_edits.append(cell_index)
 
-    ports = [procs.free_port() for _ in range(3)]
     sdk = jupyter_sdk_image_env
-    with triton.running(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]) as t:
+    with triton.running(repo, **triton.free_ports()) as t:
         kernel_env = (lambda **kw: image_kernel_env(sdk, imagekit.sdk_tools(), **kw)) if sdk else base_kernel_env
         env = kernel_env(
             TRITON_SERVER_URL=t.url, TRITON_GRPC_URL=t.grpc_url, TRITON_METRICS_URL=t.metrics_url,
