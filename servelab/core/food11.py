@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import io
 import os
 import re
@@ -525,24 +526,20 @@ def preprocess(data: bytes | Image.Image, **limits) -> np.ndarray:
 _TRIM_PIXELS = 1_000_000
 
 
+@functools.cache
 def _malloc_trim():
+    """glibc's malloc_trim, or a no-op where the C library is not glibc (macOS, musl)."""
     import ctypes
     import ctypes.util
 
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to do
-        return None
-
-
-_trim = None
+    except (OSError, AttributeError):
+        return lambda pad: 0
 
 
 def _give_back_freed_memory() -> None:
-    global _trim
-    if _trim is None:
-        _trim = _malloc_trim() or (lambda pad: 0)
-    _trim(0)
+    _malloc_trim()(0)
 
 
 def preprocess_batch(items: Sequence[bytes | Image.Image], **limits) -> np.ndarray:
