@@ -4,6 +4,8 @@ prediction against a run (issue 50)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -173,3 +175,35 @@ def test_a_priority_triton_would_answer_with_a_500_is_never_built(priority):
         targets.triton_infer_body([("INPUT_IMAGE", "BYTES", [1, 1], [b"x"])], parameters={"priority": priority})
     body, _ = targets.triton_infer_body([("INPUT_IMAGE", "BYTES", [1, 1], [b"x"])], parameters={"priority": 9})
     assert b'"parameters":{"priority":9}' in body       # a level the model lacks: Triton serves it
+
+
+def test_a_prediction_that_one_standard_error_of_the_miss_share_moves_past_the_tolerance_is_inconclusive():
+    # 0.8x the capacity: the shares 30 % and 40 % predict 10 % and 27 % rejected (one standard error
+    # either side of 35 %: the band is wider than +-20 % of the prediction), whatever was measured
+    band = (0.10, 0.27)
+    got = overload.judge(0.20, 0.20, 100, busy=0.5, factor=0.8, idle_in_model=True, band=band)
+    assert got.startswith("inconclusive: within one standard error") and "lies inside" in got, got
+    assert "lies outside" in overload.judge(0.05, 0.20, 100, busy=0.5, factor=0.8, idle_in_model=True, band=band)
+    # past capacity the same share moves the prediction little: judged
+    assert overload.judge(0.66, 0.655, 100, busy=0.3, factor=1.2, idle_in_model=True,
+                          band=(0.62, 0.69)).startswith("within")
+    assert overload.judge(0.40, 0.655, 100, busy=0.3, factor=1.2, idle_in_model=True,
+                          band=(0.62, 0.69)).startswith("outside")
+
+
+def test_the_band_comes_from_the_calibrations_hand_overs_and_a_queue_not_kept_full_is_not_used():
+    calib = {"miss": 0.35, "miss_se": math.sqrt(0.35 * 0.65 / 100), "kept_full": True, "valid": True}
+    lo, hi = overload.miss_band(calib)
+    assert lo == pytest.approx(0.35 - 0.0477, abs=1e-3) and hi == pytest.approx(0.35 + 0.0477, abs=1e-3)
+    assert overload.miss_band(None) is None
+    not_full = dict(calib, kept_full=False)
+    got = overload.judge(0.66, 0.655, 100, busy=0.3, factor=1.2, idle_in_model=True, calibration=not_full)
+    assert got == "inconclusive: the missed hand-overs' run does not give their share (its arrivals did not keep the queue full)"
+    busy = dict(calib, valid=False)
+    assert "(the machine was busy)" in overload.judge(0.66, 0.655, 100, busy=0.3, factor=1.2, idle_in_model=True,
+                                                     calibration=busy)
+    # the model itself: a few points of share move the prediction several-fold below capacity, little past it
+    service = 0.0389
+    below = [queueing.simulate_missed_wakes(0.8 / 0.0469, service, 8, m)["reject"] for m in (0.3, 0.4)]
+    past = [queueing.simulate_missed_wakes(1.2 / 0.0469, service, 8, m)["reject"] for m in (0.3, 0.4)]
+    assert below[1] / below[0] > 2 and past[1] / past[0] < 1.25, (below, past)

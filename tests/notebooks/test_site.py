@@ -231,6 +231,9 @@ def test_pages_fit_1280_and_390_px_without_hidden_code(committed_site):
         try:
             for width in (1280, 390):
                 page = browser.new_page(viewport={"width": width, "height": 900})
+                # Playwright's 30 s default: one full-page screenshot took longer beside make test's
+                # three workers (2026-11-29); a hang guard, not a budget
+                page.set_default_timeout(120_000)
                 for html_file in sorted(out.glob("*.html")):
                     page.goto(html_file.as_uri())
                     page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
