@@ -176,6 +176,34 @@ def miss_band(missed: dict | None) -> tuple[float, float] | None:
     return max(0.0, missed["miss"] - missed["miss_se"]), min(1.0, missed["miss"] + missed["miss_se"])
 
 
+def traced_handovers(traces: dict, model: str = MODEL, slack_ms: float = 2.0) -> dict:
+    """The hand-overs of a bounded run, read from Triton's own traces of it (``servelab.triton.trace.read``),
+    beside the share the calibration inferred: each time the copy finished (COMPUTE_END) with the next
+    request already queued (its QUEUE_START earlier), was it handed over at once, or did the copy idle
+    more than ``slack_ms``? Per number of requests waiting then, and how each idle spell ended: at a
+    request entering the queue (within ``slack_ms`` of its QUEUE_START), or later (the batcher's timer)."""
+    served = sorted((t["ns"]["COMPUTE_START"], t["ns"]["COMPUTE_END"], t["ns"]["QUEUE_START"])
+                    for t in traces.values() if t.get("model") == model
+                    and {"COMPUTE_START", "COMPUTE_END", "QUEUE_START"} <= t["ns"].keys())
+    entries = np.sort(np.array([q for *_, q in served], dtype=np.int64))
+    slack = slack_ms * 1e6
+    by: dict[int, list[int]] = {}
+    at_entry = 0
+    for i, ((_, e0, _), (c1, _, q1)) in enumerate(zip(served, served[1:])):
+        if q1 >= e0:
+            continue                      # the copy found nothing waiting: no hand-over to miss
+        waiting = int(np.searchsorted(entries, e0)) - (i + 1)
+        counts = by.setdefault(waiting, [0, 0])
+        counts[0] += 1
+        if c1 - e0 > slack:
+            counts[1] += 1
+            j = int(np.searchsorted(entries, c1, side="right")) - 1
+            at_entry += bool(j >= 0 and e0 < entries[j] and c1 - entries[j] <= slack)
+    handovers, missed = sum(n for n, _ in by.values()), sum(m for _, m in by.values())
+    return {"handovers": handovers, "missed": missed, "share": missed / handovers if handovers else math.nan,
+            "by_waiting": {w: by[w] for w in sorted(by)}, "ended_at_entry": at_entry, "ended_later": missed - at_entry}
+
+
 def judge(measured: float, predicted: float, expected_rejects: float, busy: float, factor: float,
           idle_in_model: bool = False, band: tuple[float, float] | None = None, calibration: dict | None = None) -> str:
     """Within or outside ``REJECT_TOLERANCE``, or why not judged. ``idle_in_model``: the
@@ -273,9 +301,11 @@ def priority_rows(factor: float, rate: float, r: load.Result, mix: PriorityMix, 
 
 def measure(url: str, grpc_url: str, admin_key: str | None, seconds: float = 20.0, factors=FACTORS,
             capacity_s: float = 10.0, model: str = MODEL, log=print, priorities: bool = True,
-            calibrate_s: float = 10.0, calibrate_factor: float = CALIBRATE_FACTOR) -> dict:
+            calibrate_s: float = 10.0, calibrate_factor: float = CALIBRATE_FACTOR, trace: bool = False) -> dict:
     """The whole run: capacity, then each factor without and with the queue bound, then (with
-    ``priorities``) with two priority levels; the model's config is put back as it was at the end."""
+    ``priorities``) with two priority levels; the model's config is put back as it was at the end.
+    ``trace``: Triton traces every request of the bounded runs, and each row adds the hand-overs it
+    saw (:func:`traced_handovers`; Triton must write its traces on this machine)."""
     from servelab.triton import control
 
     loaded = []
@@ -304,8 +334,15 @@ def measure(url: str, grpc_url: str, admin_key: str | None, seconds: float = 20.
                 log(missed_line(missed, cap))
             for f in factors:
                 rate = f * cap["rate"]
-                r = point(target, rate, seconds, model=model)
+                if trace and policy == "bounded":
+                    r, traced = traced_point(target, admin_key, rate, seconds, model)
+                else:
+                    r, traced = point(target, rate, seconds, model=model), None
                 rows.append(row(policy, f, rate, seconds, r, cap["service_s"], missed))
+                if traced:
+                    rows[-1]["traced"] = traced
+                    rows[-1]["traced_reject"] = queueing.simulate_missed_wakes(
+                        rate, rows[-1]["compute_ms"] / 1000.0 or cap["service_s"], QUEUE_SIZE, traced["share"])["reject"]
                 log(line(rows[-1]))
         if priorities:
             reload(PRIORITY)
@@ -321,6 +358,22 @@ def measure(url: str, grpc_url: str, admin_key: str | None, seconds: float = 20.
         reload(lambda _: original)
     return {"model": model, "queue_size": QUEUE_SIZE, "seconds": seconds, "capacity": cap,
             "missed_handovers": missed, "rows": rows}
+
+
+def traced_point(target, admin_key: str | None, rate: float, seconds: float, model: str = MODEL):
+    """``point`` with Triton tracing every request; the run and its :func:`traced_handovers`."""
+    from servelab.triton import trace
+
+    with trace.Tracing(target.url, admin_key) as t:
+        for old in t.path.parent.glob(t.path.name + ".*"):   # an earlier run's traces
+            old.unlink()
+        r = point(target, rate, seconds, model=model)
+    deadline = time.monotonic() + 30
+    while True:   # Triton writes what it held when tracing turns off, on a thread of its own
+        traces = trace.read(t.path) if any(t.path.parent.glob(t.path.name + ".*")) else {}
+        if sum(1 for x in traces.values() if x.get("model") == model) >= r.sent or time.monotonic() > deadline:
+            return r, traced_handovers(traces, model)
+        time.sleep(0.2)
 
 
 def missed_line(m: dict, cap: dict) -> str:
@@ -347,6 +400,13 @@ def line(r: dict) -> str:
         s += (f", rejected {r['reject_share']:.1%} (M/M/1/K {r['mm1k_reject']:.1%}, fixed service "
               f"{r['fixed_reject']:.1%}, with {r['miss']:.0%} missed hand-overs {r['missed_reject']:.1%} "
               f"(busy {r['missed_busy']:.0%}): {r['judged']})")
+        if "traced" in r:
+            t = r["traced"]
+            s += (f"; traced: {t['missed']} of {t['handovers']} hand-overs with a request waiting missed "
+                  f"({t['share']:.0%}; by requests waiting " + ", ".join(
+                      f"{w}: {m}/{n}" for w, (n, m) in t["by_waiting"].items()) +
+                  f"; {t['ended_at_entry']} ended as a request entered the queue, {t['ended_later']} later), "
+                  f"with that share the model predicts {r['traced_reject']:.1%}")
     else:
         s += f", backlog predicted {r['backlog']['backlog']:.0f} (last wait {r['backlog']['last_wait_s']:.1f} s)"
     if r["other_errors"]:
@@ -363,6 +423,8 @@ def main(argv=None) -> int:
     p.add_argument("--factors", nargs="+", type=float, default=list(FACTORS))
     p.add_argument("--calibrate-seconds", type=float, default=20.0,
                    help="the missed hand-overs' run (constant arrivals, the queue kept full)")
+    p.add_argument("--trace", action="store_true",
+                   help="trace every request of the bounded runs and count the hand-overs missed (local Triton)")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     server = None
@@ -375,7 +437,8 @@ def main(argv=None) -> int:
     elif not a.grpc_url:
         p.error("--url needs --grpc-url (the reloads go over gRPC)")
     try:
-        run = measure(a.url, a.grpc_url, a.admin_key, a.seconds, a.factors, calibrate_s=a.calibrate_seconds)
+        run = measure(a.url, a.grpc_url, a.admin_key, a.seconds, a.factors, calibrate_s=a.calibrate_seconds,
+                      trace=a.trace)
     finally:
         if server is not None:
             server.stop()

@@ -207,3 +207,26 @@ def test_the_band_comes_from_the_calibrations_hand_overs_and_a_queue_not_kept_fu
     below = [queueing.simulate_missed_wakes(0.8 / 0.0469, service, 8, m)["reject"] for m in (0.3, 0.4)]
     past = [queueing.simulate_missed_wakes(1.2 / 0.0469, service, 8, m)["reject"] for m in (0.3, 0.4)]
     assert below[1] / below[0] > 2 and past[1] / past[0] < 1.25, (below, past)
+
+
+def test_traced_hand_overs_count_the_misses_per_queue_length_and_how_each_ended():
+    ms = 1_000_000
+
+    def req(q, c=None, e=None, model=overload.MODEL):
+        ns = {"QUEUE_START": int(q * ms)} | ({"COMPUTE_START": int(c * ms), "COMPUTE_END": int(e * ms)} if c is not None else {})
+        return {"model": model, "ns": ns}
+
+    traces = {("f", 1): req(0, 0, 40),            # A
+              ("f", 2): req(10, 40.1, 80),        # B: waiting when A ended, handed over at once
+              ("f", 3): req(50, 130, 170),        # C: waiting with D when B ended; the copy idled 50 ms,
+              ("f", 4): req(60, 600, 640),        # until E entered the queue; D: idled 430 ms (the timer)
+              ("f", 5): req(129.5, 640.5, 680),   # E: waiting alone when D ended, handed over at once
+              ("f", 6): req(65),                  # turned away (no compute): not a hand-over
+              ("f", 7): req(20, 300, 310, model="other")}
+    got = overload.traced_handovers(traces)
+    assert got["by_waiting"] == {1: [2, 0], 2: [2, 2]}, got
+    assert (got["handovers"], got["missed"], got["share"]) == (4, 2, 0.5)
+    assert (got["ended_at_entry"], got["ended_later"]) == (1, 1)
+    # a copy that always found nothing waiting hands nothing over
+    alone = overload.traced_handovers({("f", 1): req(0, 0, 40), ("f", 2): req(100, 100, 140)})
+    assert alone["handovers"] == 0 and math.isnan(alone["share"])
