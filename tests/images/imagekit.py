@@ -217,13 +217,15 @@ def build_env(name: str, python: str, reqs: list[str], timeout: int = 1500) -> P
         subprocess.run([exe, "-m", "venv", str(root)], check=True, capture_output=True, timeout=300)
         (root / "requirements.txt").write_text("\n".join(reqs) + "\n")
         cpu0 = _child_cpu()
-        # --no-compile: no .pyc files written (the kernels run with PYTHONDONTWRITEBYTECODE=1, as the
-        # image sets it); compiling the whole environment was CPU time the tests never use.
-        out = subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-                              "--no-compile", "-q", "-r", str(root / "requirements.txt")],
+        # uv (the kit venv's, pinned in pyproject.toml) installs the image's pins into this Python's venv:
+        # the same package set as the image's pip (compared for the Jupyter image: 116 packages, equal
+        # `pip freeze`), in a tenth of the time. No .pyc files written, as pip --no-compile did (the
+        # kernels run with PYTHONDONTWRITEBYTECODE=1, as the image sets it).
+        out = subprocess.run([str(Path(sys.executable).parent / "uv"), "pip", "install", "-q",
+                              "--python", str(root / "bin" / "python"), "-r", str(root / "requirements.txt")],
                              capture_output=True, text=True, timeout=timeout)
         if out.returncode != 0:
-            raise RuntimeError(f"pip could not install {name}'s requirements:\n{out.stderr[-3000:]}")
+            raise RuntimeError(f"uv could not install {name}'s requirements:\n{out.stderr[-3000:]}")
         stamp.write_text(json.dumps({"python": python, "requirements": reqs,
                                      "seconds": round(time.monotonic() - t0, 1),
                                      "cpu_seconds": round(_child_cpu() - cpu0, 1)}) + "\n")
