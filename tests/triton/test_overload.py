@@ -31,11 +31,11 @@ def test_past_capacity_unbounded_then_bounded(one_model_triton):
     # made the capacity read half what the copy serves during the runs (a 1.5x run once got no rejection)
     # The missed hand-overs' run at 4x too: at 2x of a capacity read low beside other work the copy once
     # served 32 of 36 (CI load, 2026-11-29): a queue that was not kept full
-    run = overload.measure(s.url, s.grpc_url, s.admin_key, seconds=4.0, factors=(4.0,), capacity_s=3.0,
+    run = overload.measure(s.url, s.grpc_url, s.admin_key, seconds=3.0, factors=(4.0,), capacity_s=3.0,
                            calibrate_s=3.0, calibrate_factor=4.0, log=lines.append)
     unbounded, bounded, high, low = run["rows"]
     assert (unbounded["policy"], bounded["policy"]) == ("unbounded", "bounded")
-    assert unbounded["ok"] == unbounded["sent"] > 0 and not unbounded["errors"]
+    assert unbounded["ok"] == unbounded["sent"] > 0 and not unbounded["errors"], (unbounded["errors"], lines)
     # the queue grew, whatever the capacity read beforehand: one copy computes one request at a time, so
     # the run lasted at least the compute Triton counted (work_s), and the last answer went to a request
     # scheduled within the run's `seconds`: it waited at least the difference (latency counts from the
@@ -43,7 +43,7 @@ def test_past_capacity_unbounded_then_bounded(one_model_triton):
     # Half of it: Triton's per-request compute phases (input, infer, output) summed are not a wall-clock
     # account of the copy (CI, 2026-11-28: work_s 7.19 s, yet the longest wait 2,859 ms, not 3,190), and a
     # queue that never grew leaves the longest wait near one request's compute (~150 ms here).
-    assert unbounded["max_ms"] >= 0.5 * 1000 * (unbounded["work_s"] - 4.0), unbounded
+    assert unbounded["max_ms"] >= 0.5 * 1000 * (unbounded["work_s"] - 3.0), unbounded
     assert unbounded["queue_ms"] > unbounded["compute_ms"] > 0, unbounded
     # bounded: some turned away with Triton's 503, nothing else went wrong, the rest served
     assert bounded["rejected"] > 0 and bounded["other_errors"] == 0 and bounded["ok"] > 0, lines
