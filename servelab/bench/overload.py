@@ -343,7 +343,7 @@ def measure(url: str, grpc_url: str, admin_key: str | None, seconds: float = 20.
                 else:
                     r, traced = point(target, rate, seconds, model=model), None
                 rows.append(row(policy, f, rate, seconds, r, cap["service_s"], missed))
-                if traced:
+                if traced and traced["handovers"]:   # a run that never queued a request has no share to use
                     rows[-1]["traced"] = traced
                     rows[-1]["traced_reject"] = queueing.simulate_missed_wakes(
                         rate, rows[-1]["compute_ms"] / 1000.0 or cap["service_s"], QUEUE_SIZE, traced["share"])["reject"]
