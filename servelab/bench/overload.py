@@ -383,8 +383,8 @@ def traced_point(target, admin_key: str | None, rate: float, seconds: float, mod
 def missed_line(m: dict, cap: dict) -> str:
     return (f"missed hand-overs: bounded queue, constant arrivals at {m['rate']:.1f}/s kept it full: the copy served "
             f"{m['goodput']:.1f}/s of its capacity {cap['rate']:.1f}/s ({m['service_s'] * 1000:.1f} ms per request in "
-            f"this run), so Triton's batcher missed {m['miss']:.0%} ± {m['miss_se']:.0%} of "
-            f"its hand-overs (each one idles the copy to the batcher's {queueing.BATCHER_TIMER_S * 1000:.0f} ms timer)"
+            f"this run), so Triton's batcher missed {m['miss']:.0%} of its hand-overs (± {m['miss_se']:.0%}, one "
+            f"standard error; each one idles the copy to the batcher's {queueing.BATCHER_TIMER_S * 1000:.0f} ms timer)"
             + ("" if m["kept_full"] else " [inconclusive: its arrivals did not keep the queue full]")
             + ("" if m["valid"] else " [inconclusive: the machine was busy]"))
 
