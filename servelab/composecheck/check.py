@@ -173,16 +173,22 @@ class Check(labrun.LabRunner):
                                                + (" stopped on an error" if summary["error"] else " failed a check")))
 
     # The notebooks that edit the Triton stack's model repository (a retry starts from the shipped one).
-    TRITON_STACK_NOTEBOOKS = ("6a_triton_pipeline", "6b_model_analyzer")
+    TRITON_STACK_NOTEBOOKS = ("6_triton", "6a_triton_pipeline", "6b_model_analyzer")
+    # Notebook 6's whole run, a hang guard (it takes ~220 s here): once, its perf_analyzer (the SDK
+    # image's, tritonclient 2.50) sat 14 minutes after "Sending 200 benchmark requests" at a
+    # --request-rate-range with --request-count, Triton holding no request and the host idle
+    # (compose check, 2026-11-29); the reduced scale's default limit is 1,800 s
+    NOTEBOOK_6_LIMIT_S = 900
 
     def notebook_with_retry(self, name: str, **kw) -> dict:
         """A notebook that stopped on an error runs once more, after the stack is healthy again, as a
         student would re-run it; the first attempt and what the containers said then stay in the
-        summary (``diagnose``). A second error fails the step."""
+        summary (``diagnose``). A notebook that ran past its limit is run once more too. A second
+        error fails the step."""
         try:
             return self.notebook_in_jupyter(name, **kw)
         except CheckFailed as err:
-            if not str(err).startswith(f"notebook {name}: "):
+            if not str(err).startswith((f"notebook {name}: ", f"notebook {name} ran past ")):
                 raise
             self.findings.append(f"notebook {name} stopped on an error and was run once more: "
                                  + str(err).splitlines()[-1][:300])
@@ -369,7 +375,7 @@ class Check(labrun.LabRunner):
             with self.step("published ports (Triton stack)"):
                 self.ports()
             with self.step("notebook 6 inside the Jupyter container"):
-                self.notebook_in_jupyter("6_triton", hand_edit="/models")
+                self.notebook_with_retry("6_triton", hand_edit="/models", timeout=self.NOTEBOOK_6_LIMIT_S)
             with self.step("notebook 6a inside the Jupyter container"):
                 self.notebook_with_retry("6a_triton_pipeline")
             with self.step("notebook 6b inside the Jupyter container (its node command runs Model Analyzer)"):

@@ -292,6 +292,30 @@ def test_a_notebook_that_stopped_on_an_error_runs_once_more_and_the_first_attemp
         c.notebook_with_retry("6a_triton_pipeline")
 
 
+def test_notebook_6_past_its_limit_runs_once_more_from_the_shipped_repository(tmp_path):
+    """A hung run (perf_analyzer once sat 14 minutes with Triton idle) is stopped at the step's limit and
+    run again from the shipped model repository, with notebook 6's hand edit and its limit both times."""
+    c = check.Check(tmp_path, tmp_path / "log.txt")
+    calls = []
+    outcomes = iter([check.CheckFailed("notebook 6_triton ran past 900 s"), {"notebook": "6_triton"}])
+
+    def attempt(name, **kw):
+        calls.append((name, kw))
+        out = next(outcomes)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    c.notebook_in_jupyter = attempt
+    c.wait_healthy = lambda: None
+    blocks = []
+    c.run_node_block = lambda script: blocks.append(script) or 0
+    kw = {"hand_edit": "/models", "timeout": c.NOTEBOOK_6_LIMIT_S}
+    assert c.notebook_with_retry("6_triton", **kw) == {"notebook": "6_triton"}
+    assert calls == [("6_triton", kw)] * 2 and len(blocks) == 1 and "--force-recreate triton_cpu_repository" in blocks[0]
+    assert c.findings == ["notebook 6_triton stopped on an error and was run once more: notebook 6_triton ran past 900 s"]
+
+
 def test_the_in_container_runner_leaves_the_notebook_whole_and_trimmed(tmp_path, monkeypatch, capsys):
     """The node's reference bundle is made of what the container leaves: the executed notebook trimmed as
     `make reference` trims it, and a summary with the scale, its settings and the source's hash."""
