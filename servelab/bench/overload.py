@@ -235,7 +235,7 @@ def judge(measured: float, predicted: float, expected_rejects: float, busy: floa
 
 
 def row(policy: str, factor: float, rate: float, seconds: float, r: load.Result, service_s: float,
-        missed: dict | None = None) -> dict:
+        missed: dict | None = None, traced: dict | None = None) -> dict:
     rejected = r.errors.get(REJECTED, 0)
     other = r.error_count - rejected
     out = {"policy": policy, "factor": factor, "rate": rate, "sent": r.sent, "ok": r.ok,
@@ -262,6 +262,9 @@ def row(policy: str, factor: float, rate: float, seconds: float, r: load.Result,
                    missed_p99_ms=float(np.percentile(pred["latencies"], 99)) * 1000,
                    judged=judge(out["reject_share"], pred["reject"], pred["reject"] * r.sent, out["busy"],
                                 factor, idle_in_model=True, band=band, calibration=missed))
+        if traced and traced["handovers"]:   # a run that never queued a request has no share to use
+            out.update(traced=traced, traced_reject=queueing.simulate_missed_wakes(
+                rate, service, QUEUE_SIZE, traced["share"])["reject"])
     else:
         out.update(backlog=queueing.backlog_growth(rate, service_s, seconds))
     return out
@@ -286,6 +289,7 @@ def priority_rows(factor: float, rate: float, r: load.Result, mix: PriorityMix, 
         share = 1 / mix.every if level == "high" else 1 - 1 / mix.every
         predicted = sim[level]
         share_rejected = rejected / len(calls) if calls else math.nan
+        band = ends and (ends[0][level]["reject"], ends[1][level]["reject"])
         rows.append({
             "policy": "priority", "level": level, "factor": factor, "rate": rate * share, "sent": len(calls),
             "ok": len(ok), "rejected": rejected, "other_errors": len(calls) - len(ok) - rejected,
@@ -294,10 +298,10 @@ def priority_rows(factor: float, rate: float, r: load.Result, mix: PriorityMix, 
             "p50_ms": float(np.percentile(ok, 50)) if ok else math.nan,
             "p99_ms": float(np.percentile(ok, 99)) if ok else math.nan, "busy": busy,
             "predicted_reject": predicted["reject"], "miss": miss,
-            "predicted_band": ends and (ends[0][level]["reject"], ends[1][level]["reject"]),
+            "predicted_band": band,
             "predicted_p99_ms": float(np.percentile(predicted["latencies"], 99)) * 1000,
             "judged": judge(share_rejected, predicted["reject"], predicted["reject"] * len(calls), busy, factor,
-                            idle_in_model=miss > 0, band=ends and (ends[0][level]["reject"], ends[1][level]["reject"]),
+                            idle_in_model=miss > 0, band=band,
                             calibration=missed if miss > 0 else None),
             "verdict": r.verdict, "validity": r.validity})
     return rows
@@ -342,11 +346,7 @@ def measure(url: str, grpc_url: str, admin_key: str | None, seconds: float = 20.
                     r, traced = traced_point(target, admin_key, rate, seconds, model)
                 else:
                     r, traced = point(target, rate, seconds, model=model), None
-                rows.append(row(policy, f, rate, seconds, r, cap["service_s"], missed))
-                if traced and traced["handovers"]:   # a run that never queued a request has no share to use
-                    rows[-1]["traced"] = traced
-                    rows[-1]["traced_reject"] = queueing.simulate_missed_wakes(
-                        rate, rows[-1]["compute_ms"] / 1000.0 or cap["service_s"], QUEUE_SIZE, traced["share"])["reject"]
+                rows.append(row(policy, f, rate, seconds, r, cap["service_s"], missed, traced))
                 log(line(rows[-1]))
         if priorities:
             reload(PRIORITY)
