@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 
 PERCENTILE_ORDER = ("min_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms")
 
@@ -100,17 +101,27 @@ def bench_naive(data: dict, stdout: str, rc: int) -> list[str]:
             out.append(f"idle CPU of {name}: {cpu}")
 
     rows = {r["figure"]: r for r in data["rows"]}
-    for figure, value in _naive_quotients(data).items():
+    for figure, pairs in _naive_pairs(data).items():
         if figure not in rows:
             out.append(f"no row {figure!r}")
-        elif not _close(rows[figure]["value"], value):
-            out.append(f"{figure}: {rows[figure]['value']}, its figures give {value}")
+            continue
+        r = rows[figure]
+        if len(pairs) != len(r["pairs"]) or not all(map(_close, pairs, r["pairs"])):
+            out.append(f"{figure}: pairs {r['pairs']}, its figures give {pairs}")
+        x = sorted(r["pairs"])
+        if x and not _close(r["value"], (x[(len(x) - 1) // 2] + x[len(x) // 2]) / 2):
+            out.append(f"{figure}: {r['value']} is not the median of its pairs, which its figures give")
+        if x and (r["low"] not in x or r["high"] not in x or not r["low"] <= r["value"] <= r["high"]):
+            out.append(f"{figure}: interval {r['low']} - {r['high']} not of its pairs around {r['value']}")
     for r in data["rows"]:
-        want = verdict_for(r["value"], r["target"])
+        want = verdict_for(r["low"], r["target"]), verdict_for(r["high"], r["target"])
+        want = want[0] if want[0] == want[1] and (len(r["pairs"]) > 1 or r["figure"].startswith("CPU")) \
+            else "INCONCLUSIVE"   # one pair (--tiny) is not judged; the idle CPU is one measurement
         if not r["verdict"].startswith(want):
-            out.append(f"{r['figure']}: {r['value']} against {r['target']} says {r['verdict']}")
-        line = re.search(rf"^  {re.escape(r['figure'])}\s+(\S+)\s+{re.escape(r['target'])}\s+(.+)$", stdout, re.M)
-        if not line or line.group(1) != f"{r['value']:.2f}" or line.group(2).strip() != r["verdict"]:
+            out.append(f"{r['figure']}: {r['low']} - {r['high']} against {r['target']} says {r['verdict']}")
+        line = re.search(rf"^  {re.escape(r['figure'])}\s+(\S+)\s+(?:\S+ - \S+|-)\s+(\d+)\s+(?:\d+%|-)\s+"
+                         rf"{re.escape(r['target'])}\s+(.+)$", stdout, re.M)
+        if not line or line.groups() != (f"{r['value']:.2f}", str(len(r["pairs"])), r["verdict"]):
             out.append(f"{r['figure']}: printed {line.groups() if line else None}, JSON {r['value']:.2f} {r['verdict']}")
     return out
 
@@ -138,29 +149,48 @@ def _naive_runs_problems(data: dict) -> list[str]:
     return out
 
 
-def _naive_quotients(data: dict) -> dict[str, float]:
-    """bench_naive's table rows, each from the figures it names (its JSON's runs)."""
-    fa, tp, to = data["fastapi"], data["triton_pt"], data["triton_onnx"]
+def _naive_pairs(data: dict) -> dict[str, list[float]]:
+    """bench_naive's table rows, each a list of kit / reference ratios of runs taken side by side,
+    from the figures it names (its JSON's runs): the i-th run of each side, or for FastAPI
+    sequential each turn of ten requests; count 2's reference in each round its better setting."""
+    fa, tp, to, rounds = data["fastapi"]["runs"], data["triton_pt"]["runs"], data["triton_onnx"]["runs"], data["rounds"]
 
-    def q(table, a, b):
-        return table[a]["throughput"] / table[b]["throughput"]
+    def zipped(a, b):
+        return [x["throughput"] / y["throughput"] for x, y in zip(a, b)]
 
-    expected = {"count 2 / count 1, concurrency 8": q(tp, "kit count2 c8", "kit count1 c8"),
-                "count 2 / count 1, concurrency 1": q(tp, "kit count2 c1", "kit count1 c1"),
-                "CPU of the busiest idle server process (% of a core)": max(data["idle_cpu_percent"].values()),
-                "Triton ONNX + dynamic batching c16, HTTP / raw ORT b16": to["http"]["ratio"],
-                "Triton ONNX + dynamic batching c16, HTTP+shm / raw ORT b16": to["http+shm"]["ratio"]}
+    def turns(a, b):
+        out = []
+        for x, y in zip(a, b):
+            for i in range(0, len(x["latencies_s"]), 10):
+                k, r = ([v for v in side["latencies_s"][i:i + 10] if v is not None] for side in (x, y))
+                out.append((len(k) / sum(k)) / (len(r) / sum(r)))
+        return out
+
+    def best_setting(kit, one, default):
+        out, k1, d1 = [], len(one) // rounds, len(default) // rounds
+        for i in range(rounds):
+            ones, dflt = one[i * k1:(i + 1) * k1], default[i * d1:(i + 1) * d1]
+            better = dflt and statistics.fmean(r["throughput"] for r in dflt) > \
+                statistics.fmean(r["throughput"] for r in ones)
+            ref = dflt * k1 if better else ones
+            out += zipped(kit[i * k1:(i + 1) * k1], ref)
+        return out
+
+    pairs = {"count 2 / count 1, concurrency 8": zipped(tp["kit count2 c8"], tp["kit count1 c8"]),
+             "count 2 / count 1, concurrency 1": zipped(tp["kit count2 c1"], tp["kit count1 c1"]),
+             "CPU of the busiest idle server process (% of a core)": [max(data["idle_cpu_percent"].values())],
+             "Triton ONNX + dynamic batching c16, HTTP / raw ORT b16": [r["ratio"] for r in to["http"]],
+             "Triton ONNX + dynamic batching c16, HTTP+shm / raw ORT b16": [r["ratio"] for r in to["http+shm"]]}
     for ref in ("plain", "shared"):
         for c in (1, 8):
-            expected[f"Triton food_classifier count 1 / {ref}, concurrency {c}"] = q(tp, f"kit count1 c{c}", f"{ref} c{c}")
-        ref_best = max(v for v in (tp[f"{ref} count2 {t} c8"]["throughput"] for t in ("default threads", "1 thread"))
-                       if not math.isnan(v))
-        expected[f"count 2 / {ref} count 2 (best thread setting), concurrency 8"] = \
-            tp["kit count2 c8"]["throughput"] / ref_best
-        for label, key in (("ONNX sequential", "onnx/seq"), ("PyTorch sequential", "pt/seq"),
-                           ("ONNX 16 clients", "onnx/c16"), ("PyTorch 16 clients", "pt/c16")):
-            expected[f"FastAPI {label} / {ref}"] = q(fa, f"kit_{key}", f"{ref}_{key}")
-    return expected
+            pairs[f"Triton food_classifier count 1 / {ref}, concurrency {c}"] = zipped(tp[f"kit count1 c{c}"],
+                                                                                        tp[f"{ref} c{c}"])
+        pairs[f"count 2 / {ref} count 2 (best thread setting), concurrency 8"] = best_setting(
+            tp["kit count2 c8"], tp[f"{ref} count2 1 thread c8"], tp[f"{ref} count2 default threads c8"])
+        for label, key in (("ONNX", "onnx"), ("PyTorch", "pt")):
+            pairs[f"FastAPI {label} sequential / {ref}"] = turns(fa[f"kit_{key}/seq"], fa[f"{ref}_{key}/seq"])
+            pairs[f"FastAPI {label} 16 clients / {ref}"] = zipped(fa[f"kit_{key}/c16"], fa[f"{ref}_{key}/c16"])
+    return pairs
 
 
 def bench_harness(data: dict, stdout: str, rc: int) -> list[str]:

@@ -1,8 +1,9 @@
 """The rules of tests/bench/figures.py, on saved ``--tiny`` runs of each benchmark (tests/bench/tiny/:
 its JSON, what it printed, its exit status; recorded 2026-11-27 on a shared 2-core machine,
-bench_naive's again 2026-11-29 when its sequential figures began to pool their rounds) and on
-copies with one figure changed: a rule that passes a contradiction would let the smoke test
-(tests/bench/test_benchmarks_smoke.py, ~3 minutes of runs) pass one too."""
+bench_naive's again 2026-11-29 when its sequential figures began to pool their rounds, and again
+when its rows began to be judged by pairs of runs) and on copies with one figure changed: a rule
+that passes a contradiction would let the smoke test (tests/bench/test_benchmarks_smoke.py,
+~3 minutes of runs) pass one too."""
 
 from __future__ import annotations
 

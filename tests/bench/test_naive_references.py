@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import base64
 import importlib.util
+import os
+import re
 import sys
 import types
 from pathlib import Path
@@ -187,3 +189,107 @@ def test_sequential_figures_pool_every_round_of_a_side():
     both = bench.pooled(rounds)
     assert (both["count"], both["failed"]) == (8, 1)
     assert both["throughput"] == pytest.approx(8 / 0.16)   # not the best round's 100/s
+
+
+# --------------------------------------------------------------------------
+# How a row is judged: ratios of runs taken side by side, and their sign-test interval
+# --------------------------------------------------------------------------
+
+def test_the_interval_of_eight_pairs_leaves_out_the_most_extreme_pair_on_each_side():
+    """Eight pairs (four rounds, two passes): the interval from the 2nd to the 7th holds the
+    median with 93 % confidence, so one pair spoiled by a slow moment does not decide the row."""
+    bench = _bench_naive()
+    value, low, high, conf = bench.spread([1.02, 0.60, 1.00, 0.99, 1.04, 1.01, 1.40, 0.98])
+    assert (value, low, high) == pytest.approx((1.005, 0.98, 1.04))
+    assert conf == pytest.approx(1 - 2 * 9 / 256)
+    assert bench.judge([1.02, 0.60, 1.00, 0.99, 1.04, 1.01, 1.40, 0.98], 0.95)["verdict"] == "PASS"
+
+
+def test_with_few_pairs_the_interval_is_their_whole_range_and_says_how_sure_it_is():
+    bench = _bench_naive()
+    assert bench.spread([1.0, 0.9, 1.1, 1.2]) == pytest.approx((1.05, 0.9, 1.2, 1 - 2 / 16))
+    assert bench.spread([0.8, 1.0]) == pytest.approx((0.9, 0.8, 1.0, 0.5))
+    forty = bench.spread([1 + (i - 20) / 100 for i in range(40)])   # 0.80 ... 1.19
+    assert forty[3] >= 0.9 and 0.88 < forty[1] < forty[2] < 1.12
+
+
+@pytest.mark.parametrize("pairs, target, said", [
+    ([0.96, 0.97, 1.0, 1.1], (0.95,), "PASS"),
+    ([0.80, 0.90, 0.93, 0.94], (0.95,), "FAIL"),
+    ([0.90, 0.97, 1.0, 1.1], (0.95,), "INCONCLUSIVE (0.90 - 1.10 spans the target)"),
+    ([0.90, 1.0, 1.1, 1.12], (0.85, 1.15), "PASS"),
+    ([1.16, 1.2, 1.3, 1.4], (0.85, 1.15), "FAIL"),
+    ([1.0, 1.1, 1.2, 1.3], (0.85, 1.15), "INCONCLUSIVE (1.00 - 1.30 spans the target)"),
+    ([float("nan")], (0.95,), "INCONCLUSIVE (no measurement)"),
+    ([1.2], (0.95,), "INCONCLUSIVE (one pair: no interval)"),
+])
+def test_a_row_is_judged_only_when_its_whole_interval_lies_on_one_side(pairs, target, said):
+    assert _bench_naive().judge(pairs, *target)["verdict"] == said
+
+
+def test_sequential_pairs_are_turns_of_ten_requests_taken_side_by_side():
+    """A host twice as slow in the second turn: each turn's ratio is still 1.25, where the
+    rounds' whole figures would mix the two speeds."""
+    bench = _bench_naive()
+    kit = bench.loop_result([0.008] * 10 + [0.016] * 10)
+    ref = bench.loop_result([0.010] * 10 + [0.020] * 5 + [None] + [0.020] * 4)
+    assert bench.turn_pairs([kit], [ref]) == pytest.approx([1.25, 1.25])
+    assert bench.turn_pairs([{"throughput": 50.0}], [{"throughput": 40.0}]) == [1.25]   # a saved log's round
+
+
+def test_count_2_meets_the_reference_setting_that_was_better_in_each_round():
+    bench = _bench_naive()
+
+    def runs(*rates):
+        return [{"throughput": r} for r in rates]
+
+    kit = runs(60, 62, 50, 52)                  # two rounds of two passes
+    one_thread = runs(50, 52, 40, 40)
+    default = runs(30, 55)                      # once a round: worse in round 1, better in round 2
+    assert bench.best_setting_pairs(kit, one_thread, default, 2) == pytest.approx([1.2, 62 / 52, 50 / 55, 52 / 55])
+    assert bench.best_setting_pairs(kit, one_thread, [], 2) == pytest.approx([1.2, 62 / 52, 1.25, 1.3])
+
+
+def test_a_saved_runs_printout_is_judged_again_and_a_drop_beyond_both_intervals_is_named():
+    """An earlier run kept only what it printed (docs/benchmark-runs/): its rows come back with
+    two passes a round; a row counts as dropped only when the two runs' intervals do not meet."""
+    bench = _bench_naive()
+    before = bench.load_run(REPO / "docs" / "benchmark-runs" / "2026-11-29-bench_naive-before-47.txt")
+    rows = {r["figure"]: r for r in bench.table(before["fastapi"], before["triton_pt"], before["triton_onnx"],
+                                                 before["idle_cpu_percent"], before["rounds"])}
+    assert len(rows) == 19 and before["rounds"] == 2
+    c8 = rows["Triton food_classifier count 1 / plain, concurrency 8"]
+    assert len(c8["pairs"]) == 4 and c8["pairs"][:2] == pytest.approx([23.6 / 25.8, 24.5 / 26.9])
+    assert len(rows["FastAPI ONNX sequential / plain"]["pairs"]) == 2   # no latencies kept: a pair a round
+    assert rows["CPU of the busiest idle server process (% of a core)"]["value"] == pytest.approx(0.2)
+
+    after = [dict(r) for r in rows.values()]
+    moved = {"Triton food_classifier count 1 / plain, concurrency 8": 0.5,      # far below
+             "count 2 / count 1, concurrency 8": 0.95}                           # inside the spread
+    for r in after:
+        if r["figure"] in moved:
+            r.update({k: r[k] * moved[r["figure"]] for k in ("value", "low", "high")})
+    said = {line.split("  ")[1].strip(): line for line in bench.compare(before, after)[1:]}
+    assert said["Triton food_classifier count 1 / plain, concurrency 8"].endswith("DROPPED beyond both runs' spread")
+    assert said["count 2 / count 1, concurrency 8"].endswith("within the spread")
+    assert said["FastAPI ONNX sequential / plain"].endswith("within the spread")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("which", ["kit", "plain"])
+def test_the_request_profile_runs_on_the_lesson_file_and_the_plain_reference(which):
+    """benchmarks/naive/profile_pt_request.py, the diagnostic behind issue 36's profile: every
+    stage timed, none failing (the kit's predict() takes the Response it writes Server-Timing on)."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(NAIVE / "profile_pt_request.py"), which, "--requests", "3"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    walls = [float(w) for w in re.findall(r"wall\s+([\d.]+) ms", proc.stdout)]
+    assert len(walls) == (6 if which == "kit" else 5) and all(w > 0 for w in walls), proc.stdout
+    stages = dict(re.findall(r"^  (.+?)\s+wall\s+([\d.]+) ms", proc.stdout, re.M))
+    assert float(stages["predict() in a worker thread"]) > float(stages["  decode + preprocess (servelab.core.food11)"
+                                                                         if which == "kit" else
+                                                                         "  decode + preprocess (PIL + torchvision)"]), \
+        proc.stdout
