@@ -57,25 +57,27 @@ def test_dry_run_runs_every_phase_and_writes_at_most_8_files(dry_run, tmp_path):
         if p["status"] != "ok":
             assert p.get("reason"), f"{name} is {p['status']} without a reason"
     # On a CPU every phase passes. cuda_tests too: its tests run and are skipped ("no CUDA device").
-    wrong = {name: (p["status"], p.get("reason")) for name, p in phases.items()
-             if p["status"] != "ok" and name != "tour"}
+    # The phases that time forward passes (the tour's requests, accel's FP16 on a CPU) have short limits in the
+    # dry run (runner.PHASES). On a machine loaded by other tests they can run past them: that is no verdict on
+    # the phase. Each one that did is run again, alone, with time to finish (CI, 2026-11-30: accel past 120 s,
+    # one fp32 forward pass at batch 1 taking 556 ms, where a whole request takes 40-55 ms on the idle host).
+    timing = ("tour", "accel")
+    wrong = {name: (p["status"], p.get("reason"), p.get("output", "")[-2000:]) for name, p in phases.items()
+             if p["status"] != "ok" and not (name in timing and p["status"] == "timeout")}
     tally = phases["cuda_tests"].get("tally", "")
     if not (re.search(r"\b\d+ skipped\b", tally) and not re.search(r"passed|failed|error", tally)):
         wrong["cuda_tests tally"] = tally
-    tour = phases["tour"]
-    if tour["status"] == "timeout":
-        # The dry run's tour limit (runner.PHASES) is short; on a machine loaded by other tests it can
-        # run past it. That is no verdict on the tour: run the phase again, alone, with time to finish.
-        phase = next(p for p in runner.PHASES if p.name == "tour")
+    for name in timing:
+        if phases[name]["status"] != "timeout":
+            continue
+        phase = next(p for p in runner.PHASES if p.name == name)
         again = runner.run_phase(phase, 300, runner.phase_env(None, phase, "cpu"), tmp_path, "cpu", tiny=True)
         if again["status"] == "ok":
-            warnings.warn(f"gpu-check dry run: the tour {tour['reason']}; alone it passed in {again['seconds']:.0f} s",
-                          stacklevel=1)
+            warnings.warn(f"gpu-check dry run: {name} {phases[name]['reason']}; alone it passed in "
+                          f"{again['seconds']:.0f} s", stacklevel=1)
         else:
-            wrong["tour"] = (f"{tour['reason']}; alone, {again['status']}: {again.get('reason')}",
-                             again["output"][-2000:])
-    elif tour["status"] != "ok":
-        wrong["tour"] = (tour["status"], tour.get("reason"), tour.get("output", "")[-2000:])
+            wrong[name] = (f"{phases[name]['reason']}; alone, {again['status']}: {again.get('reason')}",
+                           again["output"][-2000:])
     assert not wrong, (wrong, proc.stdout[-4000:])
     assert proc.returncode == (0 if all(p["status"] == "ok" for p in phases.values()) else 1)
 

@@ -190,8 +190,8 @@ def measure(device: str = "cuda", tiny: bool = False, model_path=None, rounds: i
     from servelab.core import paths
 
     rounds = rounds or (3 if tiny else 300)
-    sb_repeats = sb_repeats or (2 if tiny else 40)
-    generated = generated if generated is not None else (4 if tiny else 256)
+    sb_repeats = sb_repeats or (1 if tiny else 40)  # the dry run: one pass per size (FP16 on a CPU is slow)
+    generated = generated if generated is not None else (2 if tiny else 256)
     sizes = (1, 2) if tiny else BATCH_SIZES
     big = 2 if tiny else 16  # the throughput batch (the dry run keeps it small: FP16 on a CPU is slow)
     on_gpu = device.startswith("cuda")
