@@ -54,6 +54,7 @@ def test_second_build_does_no_work(built_models):
     assert any("nothing to rebuild" in line for line in lines)
 
 
+@pytest.mark.integration   # builds both ONNX files from the given weights: ~30-40 s, too long for the fast tier
 def test_trained_weights_in_both_formats(tmp_path):
     import torch
 

@@ -257,6 +257,11 @@ def row(policy: str, factor: float, rate: float, seconds: float, r: load.Result,
         pred = queueing.simulate_missed_wakes(rate, service, QUEUE_SIZE, miss)
         shares = miss_band(missed)
         band = shares and tuple(queueing.simulate_missed_wakes(rate, service, QUEUE_SIZE, m)["reject"] for m in shares)
+        # The longest an admitted request can take: it finds at most QUEUE_SIZE - 1 waiting and one in
+        # execution, each hand-over up to its own can be missed (the batcher's timer), then its own compute;
+        # one more service and timer of slack. The unbounded queue's wait has no such limit: it grows with
+        # the run (a short run's can stay under this one; its rejections are what tell the bound is on).
+        out["wait_bound_ms"] = ((QUEUE_SIZE + 1) * (service + queueing.BATCHER_TIMER_S) + service) * 1000
         out.update(mm1k_reject=mm["reject"], fixed_reject=sim["reject"], miss=miss,
                    missed_reject=pred["reject"], missed_busy=pred["busy"], missed_band=band,
                    missed_p99_ms=float(np.percentile(pred["latencies"], 99)) * 1000,
