@@ -24,7 +24,14 @@ sides of a ratio are taken a few seconds apart and a host that changes speed
 (this shared VM drifts by up to 1.5x within a minute) weighs on both; in Triton
 every configuration in a ratio is loaded at once (no reload between two sides
 of a ratio) and each runs twice a round (only the references' count 2 with
-default threads needs a reload, and runs once a round). FastAPI's sequential
+default threads needs a reload, and runs once a round). Each round after the
+first loads every Python-backend model again, in new stub processes (a changed
+parameter), so four rounds draw four stubs a side: one stub runs the same code
+at its own speed for its whole life (2026-11-30: four copies of the kit's
+model.py, count 1 each, one client, computed 38 to 51 ms a request, each copy
+steady over three passes; reloaded, 32 to 53 ms, a copy's speed changing with
+the reload; docs/benchmark-runs/2026-11-30-stub-process-state.txt), and a run
+that kept its stubs drew that speed once a side. FastAPI's sequential
 requests go to kit and references in turns of ten, after one untimed request,
 the first side rotating (see interleaved_sequential). Each stack runs alone:
 Triton, with its stubs, stops before the FastAPI servers start (2026-11-29:
@@ -99,7 +106,8 @@ REFS = {
 REF_PT = {ref: f"food_classifier_{ref}" for ref in REFS}
 # The kit's and the reference models again, given 2 instances (the references 1 thread each)
 # once at start: every configuration compared stays loaded and they run back to back, in an
-# order that is then reversed (ABBA), with no reload between them. With reloads between
+# order that is then reversed (ABBA), with no reload between them (between rounds, all are loaded
+# again: see the docstring). With reloads between
 # runs minutes apart, count 2 / count 1 at one client read 0.81, 1.02, 1.15 in three sessions.
 KIT_PT2 = "food_classifier_count2"
 REF_PT2 = {ref: f"{model}_count2" for ref, model in REF_PT.items()}
@@ -267,10 +275,16 @@ def perf_pt(t, args, model: str, concurrency: int, input_json: Path) -> dict:
             "compute_ms": compute, "requests": d["requests"], "late": bool(r.get("delayed_warning"))}
 
 
-def set_instances(t, model: str, count: int, threads: int | None = None) -> None:
-    edit: dict = {"instance_group": [{"count": count, "kind": "KIND_CPU"}]}
-    if model != KIT_PT and model != KIT_PT2:   # a reference: its one thread setting
-        edit["parameters"] = {"reference_threads": {"string_value": str(threads) if threads else ""}}
+def set_instances(t, model: str, count: int, threads: int | None = None, stubs: int | None = None) -> None:
+    """Load ``model`` with ``count`` CPU instances (a reference: its thread setting). ``stubs``: a number
+    written into the config's parameters, so that Triton loads it again, in new stub processes."""
+    def edit(config: dict) -> dict:
+        parameters = dict(config.get("parameters") or {})
+        if model != KIT_PT and model != KIT_PT2:   # a reference: its one thread setting
+            parameters["reference_threads"] = {"string_value": str(threads) if threads else ""}
+        if stubs is not None:
+            parameters["stubs"] = {"string_value": str(stubs)}
+        return config | {"instance_group": [{"count": count, "kind": "KIND_CPU"}], "parameters": parameters}
     t.reload_model(model, edit)
     t.wait_for_stubs(model, count)
 
@@ -295,13 +309,14 @@ def bench_triton_pt(t, args, input_json: Path) -> dict:
             perf.run(f"-u {t.url} -m {model} --input-data {input_json} -b 1 --concurrency-range 2 "
                      f"{perf_args(args.window_ms // 3)}", timeout=300, check=False)
 
-    current: dict = {KIT_PT: (1, None), KIT_PT2: (2, None)} | {m: (1, None) for m in REF_PT.values()} | \
+    loaded: dict = {KIT_PT: (1, None), KIT_PT2: (2, None)} | {m: (1, None) for m in REF_PT.values()} | \
         {m: (2, 1) for m in REF_PT2.values()}   # as staging_with_references wrote them
+    current = dict(loaded)
     for round_ in range(args.rounds):
-        for model in REF_PT.values():   # every round starts from one instance, torch defaults
-            if current[model] != (1, None):
-                set_instances(t, model, 1)
-                current[model] = (1, None)
+        if round_:   # every round in new stub processes, each model as loaded (see the docstring)
+            for model, (count, threads) in loaded.items():
+                set_instances(t, model, count, threads, stubs=round_)
+            current = dict(loaded)
         for model in current:
             warm(model)
         for label, model, count, threads, conc in plan:
