@@ -58,7 +58,10 @@ An interval says how one run's pairs agree, not how two runs agree: on
 and 1.25 - 1.42 in the next (docs/benchmark-runs/*paired-run*.txt), so a row
 is settled by runs that agree, not by one PASS. ``--before RUN`` reads an
 earlier run (its --json, or what it printed) and says for each row whether it
-dropped beyond both runs' intervals.
+dropped beyond both runs' intervals. ``--pool RUN RUN ...`` measures nothing:
+it judges every row again on the pairs of all those runs together (each run
+draws its own stub processes and servers, so runs that agree narrow a row's
+interval where one run's pairs cannot); with ``--before``, against that run.
 
 ``--tiny`` (the smoke test's size) runs each configuration once, without the
 reverse order: its figures mean nothing. Exit status 0 whatever the verdicts
@@ -549,9 +552,32 @@ def load_run(path: Path) -> dict:
     return json.loads(text) if text.lstrip().startswith("{") else runs_from_log(text)
 
 
+def pool(runs: list[dict]) -> dict:
+    """Saved runs (:func:`load_run`) as one: each configuration's runs one run after another,
+    their rounds added up, every idle-CPU reading kept. The runs must have the same size
+    (as many runs of each configuration a round), or the pairs would not line up."""
+    out: dict = {"fastapi": {"runs": {}}, "triton_pt": {"runs": {}}, "triton_onnx": {"runs": {}},
+                 "idle_cpu_percent": {}, "rounds": 0}
+    per_round = None
+    for i, run in enumerate(runs, 1):
+        rounds = run.get("rounds", 2)
+        shape = {k: len(v) / rounds for k, v in run["triton_pt"]["runs"].items()}
+        if per_round is not None and shape != per_round:
+            raise ValueError(f"run {i} is not the size of run 1 (runs of each configuration a round "
+                             f"{shape} against {per_round}): pool runs of one size")
+        per_round = shape
+        for part in ("fastapi", "triton_pt", "triton_onnx"):
+            for key, values in run[part]["runs"].items():
+                out[part]["runs"].setdefault(key, []).extend(values)
+        out["idle_cpu_percent"] |= {f"run {i}: {k}": v for k, v in run["idle_cpu_percent"].items()}
+        out["rounds"] += rounds
+    return out
+
+
 def compare(before: dict, after: list[dict]) -> list[str]:
     """Each row before and after: a drop counts when it exceeds the row's own spread (the
-    after run's interval lies wholly below the before run's)."""
+    after run's interval lies wholly below the before run's). A row measured once a run (the
+    idle CPU) has no spread to judge a change by, and says so."""
     earlier = {r["figure"]: r for r in table(before["fastapi"], before["triton_pt"], before["triton_onnx"],
                                              before["idle_cpu_percent"], before.get("rounds", 2))}
     lines = [f"  {'figure':64} {'before':>17}  {'after':>17}  change"]
@@ -561,9 +587,11 @@ def compare(before: dict, after: list[dict]) -> list[str]:
             continue
         lower = r["figure"].startswith("CPU")   # lower is better there
         dropped = (r["low"] > b["high"]) if lower else (r["high"] < b["low"])
+        once = min(len(r["pairs"]), len(b["pairs"])) < 2
         lines.append(f"  {r['figure']:64} {b['value']:5.2f} ({b['low']:.2f}-{b['high']:.2f})  "
                      f"{r['value']:5.2f} ({r['low']:.2f}-{r['high']:.2f})  "
-                     + ("DROPPED beyond both runs' spread" if dropped else "within the spread"))
+                     + ("one value a run: no spread to judge a change by" if once else
+                        "DROPPED beyond both runs' spread" if dropped else "within the spread"))
     return lines
 
 
@@ -579,7 +607,24 @@ def main(argv=None) -> int:
     ap.add_argument("--strict", action="store_true", help="exit 1 when a row FAILs")
     ap.add_argument("--before", type=Path, help="an earlier run (its --json, or what it printed): each row "
                     "before and after, and whether it dropped beyond both runs' spread")
+    ap.add_argument("--pool", type=Path, nargs="+", metavar="RUN", help="measure nothing: judge every row on "
+                    "the pairs of these saved runs together (each its --json, or what it printed; one size)")
     args = ap.parse_args(argv)
+    if args.pool:
+        try:
+            both = pool([load_run(p) for p in args.pool])
+        except (OSError, ValueError, KeyError) as err:
+            ap.error(f"--pool: {err}")
+        print(f"{len(args.pool)} runs pooled ({', '.join(p.name for p in args.pool)}), {both['rounds']} rounds")
+        print(f"  {'figure':64} {'median':>6}  {'interval':11} {'n':>3} {'conf':>4}  {'target':12} verdict")
+        rows = table(both["fastapi"], both["triton_pt"], both["triton_onnx"], both["idle_cpu_percent"],
+                     both["rounds"])
+        for r in rows:
+            print(row_line(r))
+        if args.before:
+            print(f"\nBefore ({args.before.name}) and after (these runs pooled)")
+            print("\n".join(compare(load_run(args.before), rows)))
+        return 0
 
     began = time.perf_counter()
     perf.install_shim()

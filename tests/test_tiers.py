@@ -75,7 +75,9 @@ def test_hangs():
 
 def _run(folder: Path, *args: str) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-q", *args],
+    # without the suite's heavy plugins, as tests/test_schedule.py: seconds off each run
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+                           "-p", "no:schemathesis", "-rA", "-q", *args],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=120)
     outcomes = re.findall(r"^(PASSED|FAILED|ERROR) test_suite\.py::(\w+)", proc.stdout, re.M)
     return {name: outcome for outcome, name in outcomes} | {"": proc.stdout + proc.stderr}

@@ -273,6 +273,41 @@ def test_a_saved_runs_printout_is_judged_again_and_a_drop_beyond_both_intervals_
     assert said["Triton food_classifier count 1 / plain, concurrency 8"].endswith("DROPPED beyond both runs' spread")
     assert said["count 2 / count 1, concurrency 8"].endswith("within the spread")
     assert said["FastAPI ONNX sequential / plain"].endswith("within the spread")
+    # one idle-CPU reading a run: no spread, so no verdict on a change, whatever the two values
+    cpu = "CPU of the busiest idle server process (% of a core)"
+    assert said[cpu].endswith("no spread to judge a change by")
+    after = [r | ({"value": 0.4, "low": 0.4, "high": 0.4, "pairs": [0.4]} if r["figure"] == cpu else {}) for r in after]
+    said = {line.split("  ")[1].strip(): line for line in bench.compare(before, after)[1:]}
+    assert said[cpu].endswith("no spread to judge a change by") and " 0.40 (0.40-0.40)" in said[cpu]
+
+
+def test_pooled_runs_are_judged_on_all_their_pairs_and_runs_of_two_sizes_are_refused(capsys):
+    """--pool: the same runs twice give every row twice the pairs (and the same median); a run
+    with another number of runs a round cannot be paired with the first, and is refused."""
+    import copy
+
+    bench = _bench_naive()
+    run = bench.load_run(REPO / "docs" / "benchmark-runs" / "2026-11-29-bench_naive-before-47.txt")
+    one = {r["figure"]: r for r in bench.table(run["fastapi"], run["triton_pt"], run["triton_onnx"],
+                                                run["idle_cpu_percent"], run["rounds"])}
+    both = bench.pool([run, copy.deepcopy(run)])
+    assert both["rounds"] == 2 * run["rounds"]
+    two = {r["figure"]: r for r in bench.table(both["fastapi"], both["triton_pt"], both["triton_onnx"],
+                                                both["idle_cpu_percent"], both["rounds"])}
+    c8 = "Triton food_classifier count 1 / plain, concurrency 8"
+    assert len(two[c8]["pairs"]) == 2 * len(one[c8]["pairs"]) == 8
+    assert two[c8]["value"] == pytest.approx(one[c8]["value"])
+    assert len(two["count 2 / plain count 2 (best thread setting), concurrency 8"]["pairs"]) == 8
+    bigger = copy.deepcopy(run)
+    bigger["triton_pt"]["runs"]["kit count1 c8"].append({"throughput": 1.0})
+    with pytest.raises(ValueError, match="not the size of run 1"):
+        bench.pool([run, bigger])
+    # the command: measures nothing, prints the pooled table, and the comparison with --before
+    saved = REPO / "docs" / "benchmark-runs" / "2026-11-29-bench_naive-before-47.txt"
+    assert bench.main(["--pool", str(saved), str(saved), "--before", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("2 runs pooled") and "4 rounds" in out and f"{c8}  " in out
+    assert "Before (2026-11-29-bench_naive-before-47.txt) and after (these runs pooled)" in out
 
 
 @pytest.mark.e2e

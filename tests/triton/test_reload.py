@@ -186,7 +186,7 @@ def test_precision_fp16_is_a_reload_away_and_an_unknown_one_is_refused(triton, s
     already loaded keep serving."""
     names = reference["names"]
 
-    def labels():
+    def labels(names):
         images = [sample_b64[n] for n in names]
         errors, results = [None] * len(images), [None] * len(images)
         for i in range(len(images)):
@@ -197,10 +197,11 @@ def test_precision_fp16_is_a_reload_away_and_an_unknown_one_is_refused(triton, s
     try:
         triton.reload_model("food_classifier", {"parameters": {"precision": {"string_value": "fp16"}}})
         assert "food_classifier_0_0: fp16 on cpu" in triton.log_path.read_text()
-        assert labels() == [reference["pt"][n].label for n in names]
+        assert labels(names) == [reference["pt"][n].label for n in names]
         with pytest.raises(Exception, match='parameter precision is "int8": use "fp32" or "fp16"'):
             triton.reload_model("food_classifier", {"parameters": {"precision": {"string_value": "int8"}}})
-        assert labels() == [reference["pt"][n].label for n in names]
+        # still served, by the fp16 copies (one photo: an FP16 pass on a CPU is slow)
+        assert labels(names[:1]) == [reference["pt"][names[0]].label]
     finally:
         triton.reload_model("food_classifier", {"parameters": {"precision": {"string_value": "fp32"}}})
 
