@@ -515,6 +515,9 @@ def table(fa: dict, tp: dict, to: dict, idle: dict[str, float], rounds: int) -> 
     return rows
 
 
+TABLE_HEAD = f"  {'figure':64} {'median':>6}  {'interval':11} {'n':>3} {'conf':>4}  {'target':12} verdict"
+
+
 def row_line(r: dict) -> str:
     """A table row as printed: median of the pairs, their interval, how many, target, verdict."""
     many = len(r["pairs"]) > 1
@@ -552,6 +555,11 @@ def load_run(path: Path) -> dict:
     return json.loads(text) if text.lstrip().startswith("{") else runs_from_log(text)
 
 
+def saved_rows(run: dict) -> list[dict]:
+    """The table of a saved run (:func:`load_run`, or :func:`pool`)."""
+    return table(run["fastapi"], run["triton_pt"], run["triton_onnx"], run["idle_cpu_percent"], run.get("rounds", 2))
+
+
 def pool(runs: list[dict]) -> dict:
     """Saved runs (:func:`load_run`) as one: each configuration's runs one run after another,
     their rounds added up, every idle-CPU reading kept. The runs must have the same size
@@ -578,8 +586,7 @@ def compare(before: dict, after: list[dict]) -> list[str]:
     """Each row before and after: a drop counts when it exceeds the row's own spread (the
     after run's interval lies wholly below the before run's). A row measured once a run (the
     idle CPU) has no spread to judge a change by, and says so."""
-    earlier = {r["figure"]: r for r in table(before["fastapi"], before["triton_pt"], before["triton_onnx"],
-                                             before["idle_cpu_percent"], before.get("rounds", 2))}
+    earlier = {r["figure"]: r for r in saved_rows(before)}
     lines = [f"  {'figure':64} {'before':>17}  {'after':>17}  change"]
     for r in after:
         b = earlier.get(r["figure"])
@@ -616,9 +623,8 @@ def main(argv=None) -> int:
         except (OSError, ValueError, KeyError) as err:
             ap.error(f"--pool: {err}")
         print(f"{len(args.pool)} runs pooled ({', '.join(p.name for p in args.pool)}), {both['rounds']} rounds")
-        print(f"  {'figure':64} {'median':>6}  {'interval':11} {'n':>3} {'conf':>4}  {'target':12} verdict")
-        rows = table(both["fastapi"], both["triton_pt"], both["triton_onnx"], both["idle_cpu_percent"],
-                     both["rounds"])
+        print(TABLE_HEAD)
+        rows = saved_rows(both)
         for r in rows:
             print(row_line(r))
         if args.before:
@@ -678,7 +684,7 @@ def main(argv=None) -> int:
              "a busy machine, figures are noisy: " + ", ".join(verdict.get("reasons", [])))
           + "; "
           f"{time.perf_counter() - began:.0f} s in all")
-    print(f"  {'figure':64} {'median':>6}  {'interval':11} {'n':>3} {'conf':>4}  {'target':12} verdict")
+    print(TABLE_HEAD)
     for r in rows:
         print(row_line(r))
     print(f"  median: of the ratios of runs taken side by side (n pairs: the same pass of a round, or for\n"
