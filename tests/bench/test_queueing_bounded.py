@@ -60,6 +60,17 @@ def test_judge():
     assert idle.startswith("not judged") and "30%" in idle
 
 
+def test_a_point_short_of_its_overload_runs_again_at_its_own_capacity():
+    # CI, 2026-11-30: 4x a capacity read low beside other work was 8.7/s, and the run's own compute
+    # was 107 ms a request: 0.93x of what the copy served then. Again at 4x that: 37.4/s
+    assert overload.rerun_rate(4.0, 8.71, 106.8) == pytest.approx(4 * 1000 / 106.8)
+    assert overload.rerun_rate(4.0, 8.71, 300.0) is None         # 2.6x: past the 2.5x half-way mark
+    assert overload.rerun_rate(1.2, 10.0, 105.0) == pytest.approx(1.2 * 1000 / 105)  # 1.05x < 1.1x: again
+    assert overload.rerun_rate(1.2, 10.0, 115.0) is None         # 1.15x: far enough past
+    assert overload.rerun_rate(0.8, 1.0, 100.0) is None          # below capacity nothing is asked to queue
+    assert overload.rerun_rate(4.0, 8.71, 0.0) is None           # a run Triton counted nothing of
+
+
 def test_serve_priority_by_hand():
     """Service 1 s. A low request is in service when a second low and then a high one arrive: the
     high one goes next. With room for one waiting request per level, a third low one is turned
