@@ -3,7 +3,17 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
+
+# jsonschema (nbformat validates notebooks with it) imports rfc3987_syntax, when installed, only to
+# check the "iri" string format; no schema the tests validate names a format (nbformat's schemas have
+# none), and that import builds an Earley grammar: 10 of the 28 s plain `pytest` took to collect
+# (2026-11-30). A None entry makes the import an ImportError, which jsonschema passes over
+# (jsonschema/_format.py, `with suppress(ImportError)`). rfc3987-syntax is in the venv through
+# jupyter-events' jsonschema[format-nongpl] (jupyterlab).
+sys.modules.setdefault("rfc3987_syntax", None)
 
 # The three tiers (fast, integration, e2e): tests/tiers.py. How `make test` runs them (two phases,
 # the first on workers, longest work first, from tests/durations.json): tests/schedule.py.

@@ -86,27 +86,15 @@ def _infer(client, image: bytes):
     return ms, (r.as_numpy("FOOD_LABEL")[0][0], float(r.as_numpy("PROBABILITY")[0][0]))
 
 
-def _cache_counts(client, want: int = 0) -> tuple[int, int, int, int]:
+def _cache_counts(url: str, at_least: int = 0) -> tuple[int, int, int, int]:
     """Triton's cache hits and misses of the model, how many times it ran the model, and its
-    successful requests, once Triton has finished counting: it counts a request's execution a
-    moment *after* the response left (CI, 2026-11-30: 15 executions read for 16 misses), so
-    poll until the successes number at least ``want`` and no count moves between two reads
-    (2 s at most)."""
-    def read():
-        model = client.get_inference_statistics(MODEL)["model_stats"][0]
-        stats = model["inference_stats"]
-        return (stats["cache_hit"]["count"], stats["cache_miss"]["count"], int(model["execution_count"]),
-                int(stats["success"]["count"]))
+    successful requests, once Triton has finished counting (``stats.settled``)."""
+    from servelab.triton import stats
 
-    deadline = time.perf_counter() + 2.0
-    prev = read()
-    while time.perf_counter() < deadline:
-        time.sleep(0.05)
-        now = read()
-        if now == prev and now[3] >= want:
-            break
-        prev = now
-    return prev
+    snap = stats.settled(url, MODEL, at_least=at_least)
+    inf = snap["inference_stats"]
+    return (int(inf["cache_hit"]["count"]), int(inf["cache_miss"]["count"]), int(snap["execution_count"]),
+            stats.success(snap))
 
 
 def run_sequence(url: str, requests: list[tuple[bytes, bool]]) -> dict:
@@ -120,9 +108,9 @@ def run_sequence(url: str, requests: list[tuple[bytes, bool]]) -> dict:
         time.sleep(WARM_PAUSE_S)               # the reload's old stub exits; then connection and model warm
         for i in range(WARM_REQUESTS):         # new bytes each, not counted
             _infer(client, photo_bytes(paths.sample_images()[0], f"warm {time.time_ns()} {i}"))
-        hits0, misses0, runs0, ok0 = _cache_counts(client)
+        hits0, misses0, runs0, ok0 = _cache_counts(url)
         rows = [(*_infer(client, image), repeat) for image, repeat in requests]
-        hits1, misses1, runs1, _ = _cache_counts(client, ok0 + len(requests))
+        hits1, misses1, runs1, _ = _cache_counts(url, ok0 + len(requests))
     finally:
         client.close()
     return {"ms": [r[0] for r in rows], "answers": [r[1] for r in rows], "repeat": [r[2] for r in rows],

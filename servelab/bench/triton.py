@@ -125,24 +125,11 @@ class TritonObserver(Observer):
         self.sampler = MetricsSampler(metrics_url, model, interval) if metrics_url else None
         self._before: dict | None = None
 
-    async def _settled(self, want: int | None = None) -> dict:
-        """A snapshot once Triton has finished counting.
-
-        Triton counts a request a moment *after* its response leaves, so an
-        immediate snapshot can miss the last answers (of the warm-up, before
-        a run; of the run, after it). Poll until the success count stops
-        moving and, after a run, covers every success the client saw (2 s
-        at most: other clients, or failed requests, may keep it apart)."""
-        deadline = time.perf_counter() + 2.0
-        prev = await asnapshot(self.url, self.model, self.version)
-        while time.perf_counter() < deadline:
-            await asyncio.sleep(0.05)
-            snap = await asnapshot(self.url, self.model, self.version)
-            count = _success(snap)
-            if count == _success(prev) and (want is None or count - _success(self._before) >= want):
-                return snap
-            prev = snap
-        return prev
+    async def _settled(self, want: int = 0) -> dict:
+        """``stats.settled`` on a thread of its own: after a run, the successes cover every one
+        the client saw (``want``) beyond the snapshot before it."""
+        at_least = stats.success(self._before) + want if self._before else 0
+        return await asyncio.to_thread(stats.settled, self.url, self.model, self.version, at_least)
 
     async def before(self) -> None:
         self._before = None
@@ -155,10 +142,6 @@ class TritonObserver(Observer):
             result.utilization = await self.sampler.stop()
         after = await self._settled(want=result.ok)
         result.server = stats.stats_delta(self._before, after)
-
-
-def _success(snap: dict) -> int:
-    return int(snap.get("inference_stats", {}).get("success", {}).get("count", 0))
 
 
 class HostCPUObserver(Observer):

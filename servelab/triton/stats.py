@@ -19,6 +19,7 @@ load-generator run (``TritonObserver``) and puts the delta in ``Result.server``.
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from typing import Mapping
 from urllib.parse import urlsplit
@@ -52,6 +53,35 @@ def snapshot(url: str, model: str, version: str | int | None = None, timeout: fl
     address (``host:port`` or ``http://host:port``)."""
     with urllib.request.urlopen(base_url(url) + stats_path(model, version), timeout=timeout) as r:
         return pick(json.loads(r.read()), model, version)
+
+
+def success(snap: Mapping) -> int:
+    """The successful requests a snapshot counts."""
+    return int(snap.get("inference_stats", {}).get("success", {}).get("count", 0))
+
+
+def _counts(snap: Mapping) -> tuple[int, ...]:
+    inf = snap.get("inference_stats", {})
+    return (success(snap), int(snap.get("execution_count", 0)),
+            *(int(inf.get(k, {}).get("count", 0)) for k in ("fail", "cache_hit", "cache_miss")))
+
+
+def settled(url: str, model: str, version: str | int | None = None, at_least: int = 0,
+            limit_s: float = 2.0) -> dict:
+    """``snapshot``, once Triton has finished counting. Triton counts a request, and its
+    execution, a moment *after* its response has left, so a snapshot taken at once can miss the
+    last answers (CI, 2026-11-30: 15 executions read for 16 cache misses). Poll until no count
+    moves between two reads and the successes number at least ``at_least`` (``limit_s`` at
+    most: other clients, or failed requests, may keep them apart)."""
+    deadline = time.perf_counter() + limit_s
+    prev = snapshot(url, model, version)
+    while time.perf_counter() < deadline:
+        time.sleep(0.05)
+        now = snapshot(url, model, version)
+        if _counts(now) == _counts(prev) and success(now) >= at_least:
+            return now
+        prev = now
+    return prev
 
 
 def _d(after: Mapping, before: Mapping, *keys) -> int:

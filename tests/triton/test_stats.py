@@ -60,3 +60,23 @@ def test_snapshot_reads_the_models_entry_over_http():
     assert snap["name"] == "other"
     d = triton.stats_delta({}, snap)
     assert (d["inferences"], d["executions"], d["avg_batch_size"]) == (1, 1, 1.0)
+
+
+def _snap(success: int, executions: int, hits: int = 0) -> dict:
+    return {"execution_count": executions, "inference_stats": {"success": {"count": success},
+                                                               "cache_hit": {"count": hits}}}
+
+
+def test_settled_waits_for_the_counts_to_stop_and_cover_what_was_sent(monkeypatch):
+    # the response left before Triton counted it: success 15 while 16 were served, then the
+    # execution counted after the success
+    reads = iter([_snap(15, 15), _snap(16, 15), _snap(16, 16), _snap(16, 16), _snap(99, 99)])
+    monkeypatch.setattr(stats, "snapshot", lambda url, model, version=None: next(reads))
+    assert stats.settled("h:1", "m", at_least=16) == _snap(16, 16)
+    # counts that stand still short of at_least: the last read when the time is up, not a hang
+    monkeypatch.setattr(stats, "snapshot", lambda url, model, version=None: _snap(3, 3))
+    assert stats.settled("h:1", "m", at_least=16, limit_s=0.2) == _snap(3, 3)
+    # a cache hit counted late moves the counts too
+    reads = iter([_snap(4, 3, 0), _snap(4, 3, 1), _snap(4, 3, 1)])
+    monkeypatch.setattr(stats, "snapshot", lambda url, model, version=None: next(reads))
+    assert stats.settled("h:1", "m", at_least=4) == _snap(4, 3, 1)
