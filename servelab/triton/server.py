@@ -107,6 +107,22 @@ class TritonServer:
         except OSError:
             return ""
 
+    def wait_for_log(self, pattern: str, count: int = 1, timeout: float = 10.0) -> str:
+        """The log once ``pattern`` (a regular expression) occurs ``count`` times in it; TimeoutError
+        with the log's tail after ``timeout`` s. A model's ``pb_utils.Logger`` line reaches the log a
+        moment after the stub sent it: its responses may have left first (CI, 2026-11-30)."""
+        import re
+
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.log_path.read_text(errors="replace")
+            if len(re.findall(pattern, text)) >= count:
+                return text
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{pattern!r} not {count} time(s) in {self.log_path} after {timeout:.0f} s; its "
+                                   f"end:\n{text[-2000:]}")
+            time.sleep(0.1)
+
     def stub_processes(self, model: str | None = None) -> list[StubProcess]:
         stubs = stub_processes(self.pid, self.shm_prefix) if self.alive() else []
         return [s for s in stubs if model is None or s.model == model]

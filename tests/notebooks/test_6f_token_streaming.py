@@ -11,13 +11,14 @@ import pytest
 
 from servelab.course import reference
 
-from .nbkit import base_kernel_env, image_kernel_env, notebook_text, run_notebook
-from .test_measurement_notebooks import _no_failed_check
+from .nbkit import LESSON_CHECKS, base_kernel_env, image_kernel_env, notebook_text
+from .test_measurement_notebooks import _no_failed_check, _run_with_one_retry
 
 # quiet: the notebook times token streams
 pytestmark = [pytest.mark.quiet, pytest.mark.e2e]
 
 REDUCED = reference.SCALES["reduced"]["6f_token_streaming"]
+LEFT = r"cancelled by its client with (\d+) token"   # models_streaming/*/1/model.py, a client that left
 
 
 @pytest.mark.parametrize("kernel", ["kit venv", "jupyter image"])
@@ -35,9 +36,17 @@ def test_6f_token_streaming_runs_against_a_local_triton(tmp_path, kernel, jupyte
     kernel_env = (lambda **kw: image_kernel_env(sdk, imagekit.sdk_tools(), **kw)) if sdk else base_kernel_env
     with triton.running(paths.MODELS_STREAMING, **triton.free_ports(),
                         workdir=tmp_path / "triton") as t:
-        env = kernel_env(TRITON_STREAMING_URL=t.url, TRITON_STREAMING_GRPC_URL=t.grpc_url, **REDUCED)
-        nb = run_notebook("6f_token_streaming", env, timeout=300, python_env=sdk)
-        log = t.log_path.read_text()
+        env = kernel_env(TRITON_STREAMING_URL=t.url, TRITON_STREAMING_GRPC_URL=t.grpc_url,
+                         SERVELAB_RESULTS_DIR=str(tmp_path / "results"), **REDUCED)
+        # a timing check that missed runs the notebook once more, as it tells the learner to (a 12 s run's
+        # model gap read 433 ms against 900 predicted once, 2026-11-30, beside nothing else)
+        start = len(LESSON_CHECKS)
+        nb = _run_with_one_retry("6f_token_streaming", env, python_env=sdk)
+        tries = 1 + sum("first_try_missed" in e for e in LESSON_CHECKS[start:])
+        try:   # the second disconnect's line can reach the log a moment after the notebook ended
+            log = t.wait_for_log(LEFT, count=2 * tries)
+        except TimeoutError:
+            log = t.log_path.read_text()   # the assertion below shows what it holds
     (tmp_path / "6f_token_streaming.ipynb").write_text(nbformat.writes(nb))  # for a look after a failure
     text = notebook_text(nb)
     checks = _no_failed_check(text)
@@ -61,5 +70,5 @@ def test_6f_token_streaming_runs_against_a_local_triton(tmp_path, kernel, jupyte
                          text), scheduler
     assert re.search(r"in Triton, a step of b requests: [0-9.]+ \+ [0-9.]+ x b ms", text)
     # the server saw both clients leave, long before their 512 tokens
-    left = [int(n) for n in re.findall(r"cancelled by its client with (\d+) token", log)]
-    assert len(left) == 2 and min(left) > 400, log[-3000:]
+    left = [int(n) for n in re.findall(LEFT, log)]
+    assert len(left) == 2 * tries and min(left[-2:]) > 400, log[-3000:]   # the last try's two clients

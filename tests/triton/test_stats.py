@@ -80,3 +80,19 @@ def test_settled_waits_for_the_counts_to_stop_and_cover_what_was_sent(monkeypatc
     reads = iter([_snap(4, 3, 0), _snap(4, 3, 1), _snap(4, 3, 1)])
     monkeypatch.setattr(stats, "snapshot", lambda url, model, version=None: next(reads))
     assert stats.settled("h:1", "m", at_least=4) == _snap(4, 3, 1)
+
+
+def test_wait_for_log_waits_for_a_line_written_late_and_says_what_it_saw(tmp_path):
+    from types import SimpleNamespace
+
+    from servelab.triton.server import TritonServer
+
+    log = tmp_path / "triton.log"
+    log.write_text("I loaded\n")
+    server = SimpleNamespace(log_path=log)
+    late = threading.Timer(0.3, lambda: log.write_text("I loaded\nI served a batch of 2 image(s)\n"))
+    late.start()
+    assert "served a batch of 2" in TritonServer.wait_for_log(server, r"served a batch of \d", timeout=5)
+    late.join()
+    with pytest.raises(TimeoutError, match="I served a batch"):   # twice: never; the error shows the log's end
+        TritonServer.wait_for_log(server, "served a batch", count=2, timeout=0.3)
