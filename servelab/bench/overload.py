@@ -356,10 +356,11 @@ def measure(url: str, grpc_url: str, admin_key: str | None, seconds: float = 20.
     def past(f, rate, run):
         """``run(rate)``; once more (:func:`rerun_rate`) where the run was short of the overload asked."""
         r, extra = run(rate)
-        again = rerun_rate(f, rate, compute_ms(r))
+        ms = compute_ms(r)
+        again = rerun_rate(f, rate, ms)
         if again is not None:
-            log(f"{rate:.1f}/s was only {rate * compute_ms(r) / 1000:.2f}x the capacity of its own run "
-                f"({compute_ms(r):.0f} ms per request in Triton's statistics; the capacity read beforehand was low, "
+            log(f"{rate:.1f}/s was only {rate * ms / 1000:.2f}x the capacity of its own run "
+                f"({ms:.0f} ms per request in Triton's statistics; the capacity read beforehand was low, "
                 f"beside other work): again at {f:.1f}x that, {again:.1f}/s")
             rate = again
             r, extra = run(rate)

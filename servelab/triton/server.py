@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -111,8 +112,6 @@ class TritonServer:
         """The log once ``pattern`` (a regular expression) occurs ``count`` times in it; TimeoutError
         with the log's tail after ``timeout`` s. A model's ``pb_utils.Logger`` line reaches the log a
         moment after the stub sent it: its responses may have left first (CI, 2026-11-30)."""
-        import re
-
         deadline = time.monotonic() + timeout
         while True:
             text = self.log_path.read_text(errors="replace")
